@@ -1,0 +1,14 @@
+"""Public op wrappers; importing this package registers every gradient (once)."""
+from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagged_tensor
+from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
+from recops_tf.ops.multislice_concat import multislice_concat
+from recops_tf.ops.reverse_sequence import reverse_sequence
+
+__all__ = [
+    "concat_jagged_tensor",
+    "split_jagged_tensor",
+    "gather_for_rank1",
+    "index_select_for_rank1_backward",
+    "multislice_concat",
+    "reverse_sequence",
+]

@@ -1,0 +1,77 @@
+"""Rank-1 gather and its deterministic scatter-add adjoint (stem gather_for_rank1)."""
+import tensorflow as tf
+
+from recops_tf.ops._common import index_tensor, lib
+
+
+def gather_for_rank1(x, index, name=None):
+    """Gathers elements of a vector: ``y[k] = x[index[k]]``.
+
+    A bounds-checked ``tf.gather`` for short rank-1 tables (position or bias tables), with
+    no limit on the table length.
+
+    Args:
+      x: ``[E]`` float32, float16, bfloat16 or float64.
+      index: ``[K]`` int32 or int64, every entry in ``[0, E)``.
+      name: optional op name.
+
+    Returns:
+      ``[K]`` of ``x``'s dtype.
+
+    Gradient: ``index_select_for_rank1_backward(dy, x, index)`` w.r.t. ``x`` (a scatter-add
+    in ascending k: deterministic); none for ``index``.
+
+    Raises:
+      InvalidArgumentError: ``x`` or ``index`` not rank 1; an index outside ``[0, E)`` (the
+        message names its position and value).
+
+    Example:
+
+    >>> gather_for_rank1(tf.constant([1., 2., 3.]), [2, 0, 2]).numpy().tolist()
+    [3.0, 1.0, 3.0]
+    """
+    with tf.name_scope(name or "gather_for_rank1"):
+        x = tf.convert_to_tensor(x, name="x")
+        return lib().recops_gather_for_rank1(x, index_tensor(index, "index"))
+
+
+def index_select_for_rank1_backward(grad_y, x, index, name=None):
+    """Adjoint of ``gather_for_rank1``: ``grad_x[j] = sum(grad_y[k] for k if index[k] == j)``.
+
+    Sums run in ascending k whatever the thread count, so the result is deterministic
+    (bfloat16/float16 accumulate in float32 and round once).
+
+    Args:
+      grad_y: ``[K]`` gradient of the gather's output.
+      x: ``[E]`` the gathered vector (only its length is used), same dtype as ``grad_y``.
+      index: ``[K]`` int32/int64 in ``[0, E)``.
+      name: optional op name.
+
+    Returns:
+      ``[E]`` of ``grad_y``'s dtype.
+
+    Gradient: linear in ``grad_y``: ``gather_for_rank1(upstream, index)``; none for the rest.
+
+    Raises:
+      InvalidArgumentError: wrong ranks, ``len(grad_y) != len(index)``, index out of range.
+
+    Example:
+
+    >>> index_select_for_rank1_backward([1., 2., 4.], tf.zeros([3]), [2, 0, 2]).numpy().tolist()
+    [2.0, 0.0, 5.0]
+    """
+    with tf.name_scope(name or "index_select_for_rank1_backward"):
+        x = tf.convert_to_tensor(x, name="x")
+        grad_y = tf.convert_to_tensor(grad_y, dtype=x.dtype, name="grad_y")
+        return lib().recops_index_select_for_rank1_backward(grad_y, x,
+                                                            index_tensor(index, "index"))
+
+
+@tf.RegisterGradient("Recops>GatherForRank1")
+def _gather_for_rank1_grad(op, grad):
+    return [lib().recops_index_select_for_rank1_backward(grad, op.inputs[0], op.inputs[1]), None]
+
+
+@tf.RegisterGradient("Recops>IndexSelectForRank1Backward")
+def _index_select_for_rank1_backward_grad(op, grad):
+    return [lib().recops_gather_for_rank1(grad, op.inputs[2]), None, None]

@@ -1,0 +1,91 @@
+"""Build of recops_tf: compiles op_defs/*.cc and kernels/**/*.cc into recops_tf/_recops_ops.so.
+
+The .so is a TensorFlow op library, not a Python extension module: it is compiled with
+TensorFlow's own flags (tf.sysconfig), linked against libtensorflow_framework.so.2, and loaded
+with tf.load_op_library by recops_tf/_loader.py.  Next to it the build writes
+recops_tf/_build_info.json recording the TensorFlow version it was built for, which the loader
+checks before loading.
+
+Rebuild after editing C++:  python setup.py build_ext --inplace
+Parallel compile jobs: RECOPS_BUILD_JOBS (default: number of CPUs, at most 2 per 1.5 GB free).
+"""
+import concurrent.futures
+import glob
+import json
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+LIB_NAME = "recops_tf._recops_ops"
+
+
+def _sources():
+    srcs = sorted(glob.glob("op_defs/*.cc")) + sorted(glob.glob("kernels/**/*.cc", recursive=True))
+    return srcs
+
+
+def _headers():
+    return sorted(glob.glob("op_defs/*.h")) + sorted(glob.glob("kernels/**/*.h", recursive=True))
+
+
+class TFBuildExt(build_ext):
+    """Compiles the op library with TensorFlow's flags, two translation units at a time."""
+
+    def build_extensions(self):
+        import tensorflow as tf  # imported here: only needed when building
+
+        compile_flags = []
+        for flag in tf.sysconfig.get_compile_flags():
+            if flag.startswith("-I"):
+                # TF headers as system headers keep -Wall -Wextra about our own code.
+                compile_flags += ["-isystem", flag[2:]]
+            else:
+                compile_flags.append(flag)
+        self._tf_version = tf.__version__
+        self._compile_flags = compile_flags + [
+            "-O3", "-g0", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter",
+            "-fvisibility-inlines-hidden", f"-I{ROOT}",
+        ]
+        self._link_flags = tf.sysconfig.get_link_flags()
+        self.compiler.compiler_so = ["g++"] + [
+            a for a in self.compiler.compiler_so[1:] if a not in ("-g", "-O2", "-Wstrict-prototypes")
+        ]
+        self.compiler.linker_so = ["g++", "-shared"]
+        super().build_extensions()
+
+    def build_extension(self, ext):
+        out_path = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(out_path), exist_ok=True)
+        jobs = int(os.environ.get("RECOPS_BUILD_JOBS", str(max(1, min(os.cpu_count() or 1, 2)))))
+        build_temp = os.path.join(self.build_temp, "recops")
+
+        def compile_one(src):
+            return self.compiler.compile([src], output_dir=build_temp,
+                                         extra_postargs=self._compile_flags)[0]
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            objects = list(pool.map(compile_one, ext.sources))
+        self.compiler.link_shared_object(objects, out_path, extra_postargs=self._link_flags)
+        info = {"tf_version": self._tf_version, "python": sys.version.split()[0]}
+        info_dirs = {os.path.dirname(out_path)}
+        if self.inplace or getattr(self, "editable_mode", False):
+            info_dirs.add(os.path.join(ROOT, "recops_tf"))  # the in-place copy of the .so
+        for d in info_dirs:
+            with open(os.path.join(d, "_build_info.json"), "w") as f:
+                json.dump(info, f)
+
+    def get_export_symbols(self, ext):
+        return []  # not a Python module: no PyInit_ symbol
+
+    def get_ext_filename(self, fullname):
+        # Plain "_recops_ops.so", without the interpreter's ABI tag.
+        return os.path.join(*fullname.split(".")) + ".so"
+
+
+setup(
+    ext_modules=[Extension(LIB_NAME, sources=_sources(), depends=_headers(), language="c++")],
+    cmdclass={"build_ext": TFBuildExt},
+)
