@@ -23,7 +23,7 @@ def concat_jagged_tensor(values_a, offsets_a, values_b, offsets_b, n_prefix_from
         rt_b = tf.RaggedTensor.from_row_splits(values_b, tf.cast(offsets_b, tf.int64))
         return tf.concat([rt_a, rt_b], axis=1).values
     is_a = _a_row_mask(offsets_a, offsets_b, n_prefix_from_right)
-    rows = tf.range(tf.shape(is_a, out_type=tf.int64)[0])
+    rows = tf.range(tf.shape(is_a)[0])  # dynamic_stitch takes int32 indices
     return tf.dynamic_stitch(
         [tf.boolean_mask(rows, is_a), tf.boolean_mask(rows, ~is_a)], [values_a, values_b])
 

@@ -1,48 +1,56 @@
-"""Bazel smoke test of the recops_tf op library (run by `bazel test //...`).
+"""Bazel smoke test of the recops_tf op library (`bazel test //:bazel_smoke_test`).
 
 Points the package at the Bazel-built shared object (RECOPS_TF_LIBRARY),
 imports `recops_tf` from this test's runfiles, runs every op once through
-`recops_tf.testing.smoke.run_all()` (which compares each against its pure-TF
+`recops_tf.testing.smoke.run_all()` (which compares each op with its pure-TF
 reference and raises on mismatch), and checks that the ops exercised are
-exactly the ops the library registers.
+exactly the ops the loaded library registers.
+
+Only meaningful inside Bazel's runfiles tree; collected by pytest it skips
+(and changes nothing in the process).
 """
 
 import os
 import sys
 import unittest
 
-# Path of the op library inside the workspace (the cc_binary's name in BUILD).
+# The op library inside the workspace: the cc_binary's name in BUILD.
 _LIBRARY = "recops_tf/_recops_ops.so"
 
 
 def _workspace_root():
-    """The runfiles directory of this workspace (holds recops_tf/ and the .so)."""
+    """This workspace's directory in the runfiles tree (holds recops_tf/)."""
     srcdir = os.environ.get("TEST_SRCDIR")
-    if srcdir:
-        root = os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "recops_tf"))
-    else:  # `bazel run` or run by hand from the runfiles tree
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.abspath(root)
+    if srcdir:  # bazel test
+        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "recops_tf"))
+    # bazel run, or run by hand: <root>/tests/bazel/smoke_test.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-_ROOT = _workspace_root()
+_ROOT = os.path.abspath(_workspace_root())
 _LIBRARY_PATH = os.path.join(_ROOT, _LIBRARY)
 
-os.environ["RECOPS_TF_LIBRARY"] = _LIBRARY_PATH
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-if sys.path[:1] != [_ROOT]:
+
+def setUpModule():
+    if "TEST_SRCDIR" not in os.environ and __name__ != "__main__":
+        raise unittest.SkipTest("run with: bazel test //:bazel_smoke_test")
+    os.environ["RECOPS_TF_LIBRARY"] = _LIBRARY_PATH
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if _ROOT in sys.path:
+        sys.path.remove(_ROOT)
     sys.path.insert(0, _ROOT)
 
 
 def _registered_ops(library):
-    """Names of the ops the loaded op library registers (its OpList)."""
-    op_list = getattr(library, "OP_LIST", None)  # set by TF 1.x's load_op_library only
+    """Names of the ops in the loaded library's OpList."""
+    op_list = getattr(library, "OP_LIST", None)  # attached by recops_tf._loader.load()
     if op_list is None:
+        # TF 2's load_op_library no longer sets OP_LIST; ask TF directly. The
+        # library is already loaded under this path, so TF returns the cached
+        # handle and the OpList recorded at the first load.
         from tensorflow.core.framework import op_def_pb2
         from tensorflow.python.client import pywrap_tf_session
 
-        # Already loaded under this path: TF returns the cached handle and the
-        # OpList recorded at the first load; nothing is registered twice.
         handle = pywrap_tf_session.TF_LoadLibrary(_LIBRARY_PATH)
         try:
             op_list = op_def_pb2.OpList.FromString(pywrap_tf_session.TF_GetOpList(handle))

@@ -9,6 +9,7 @@ symlinks them into the generated repository and writes its BUILD file with:
                             not bundled (the Python process has it loaded)
   :python_toolchain         a Python toolchain whose interpreter is
                             $PYTHON_BIN_PATH, so py_test can import TF
+  tf_version.bzl            TF_VERSION, the installed TensorFlow's version
 """
 
 _PYTHON_BIN_PATH = "PYTHON_BIN_PATH"
@@ -71,6 +72,7 @@ def _tf_configure_impl(rctx):
     # SONAME (libtensorflow_framework.so.2) all the same.
     rctx.symlink(lib_path, "lib/libtensorflow_framework.so")
 
+    rctx.file("tf_version.bzl", 'TF_VERSION = "%s"\n' % facts["version"])
     rctx.template("BUILD", rctx.attr._build_tpl, {
         "%{TF_VERSION}": facts["version"],
         "%{PYTHON_BIN_PATH}": python,

@@ -1,0 +1,110 @@
+"""The ops table: one row per op stem, the single list every harness reads.
+
+Tests check that every op in the library has a row, a public wrapper, a reference, a test file
+and a docstring; ``recops_tf.bench`` times each row's benchmark shapes; ``tools/regen.py``
+generates ``docs/ops.md`` from the rows and the wrappers' docstrings.
+"""
+import dataclasses
+from typing import Mapping, Tuple
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+INDEX_DTYPES = ("int32", "int64")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpStem:
+    stem: str
+    seed_ops: Tuple[str, ...]  # operator names in the Rec SDK
+    tf_ops: Tuple[str, ...]  # registered op names (without the "Recops>" prefix)
+    public: Tuple[str, ...]  # functions of recops_tf
+    gradient: str  # how the forward is differentiated
+    reference: Tuple[str, ...]  # functions of recops_tf.reference.<stem>, one per public fn
+    dtypes: Tuple[str, ...]  # value dtypes (forward)
+    index_dtypes: Tuple[str, ...]  # offsets / index / length dtypes
+    bound: str  # "memory" or "compute": which machine ceiling the benchmark compares with
+    # Benchmark shapes by size ("tiny" runs in the test suite, "full" is the real benchmark);
+    # the keys are the arguments of the stem's case builder in recops_tf.testing.cases.
+    bench: Mapping[str, Tuple[Mapping[str, object], ...]]
+
+
+OPS = (
+    OpStem(
+        stem="concat_jagged_tensor",
+        seed_ops=("concat_jagged_tensor", "concat_jagged_tensor_grad"),
+        tf_ops=("ConcatJaggedTensor", "ConcatJaggedTensorGrad"),
+        public=("concat_jagged_tensor", "split_jagged_tensor"),
+        gradient="each is the other's gradient (split <-> concat, same offsets and prefix)",
+        reference=("concat_jagged_tensor", "split_jagged_tensor"),
+        dtypes=FLOAT_DTYPES + ("int32", "int64"),
+        index_dtypes=INDEX_DTYPES,
+        bound="memory",
+        bench={
+            "tiny": ({"fn": "concat", "batch": 4, "len_a": 6, "len_b": 3, "dim": 8, "prefix": 0},
+                     {"fn": "split", "batch": 4, "len_a": 6, "len_b": 3, "dim": 8, "prefix": 2}),
+            "full": ({"fn": "concat", "batch": 1024, "len_a": 256, "len_b": 32, "dim": 64,
+                      "prefix": 0},
+                     {"fn": "concat", "batch": 1024, "len_a": 256, "len_b": 32, "dim": 64,
+                      "prefix": 8},
+                     {"fn": "split", "batch": 1024, "len_a": 256, "len_b": 32, "dim": 64,
+                      "prefix": 0}),
+        },
+    ),
+    OpStem(
+        stem="gather_for_rank1",
+        seed_ops=("gather_for_rank1", "index_select_for_rank1_backward"),
+        tf_ops=("GatherForRank1", "IndexSelectForRank1Backward"),
+        public=("gather_for_rank1", "index_select_for_rank1_backward"),
+        gradient="IndexSelectForRank1Backward (deterministic scatter-add); it is linear, its "
+                 "gradient is GatherForRank1",
+        reference=("gather_for_rank1", "index_select_for_rank1_backward"),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=INDEX_DTYPES,
+        bound="memory",
+        bench={
+            "tiny": ({"table": 50, "num_index": 64},),
+            "full": ({"table": 20480, "num_index": 8 * 1024 * 1024},),
+        },
+    ),
+    OpStem(
+        stem="reverse_sequence",
+        seed_ops=("reverse_sequence",),
+        tf_ops=("ReverseSequence",),
+        public=("reverse_sequence",),
+        gradient="itself (reverse_sequence of the upstream gradient)",
+        reference=("reverse_sequence",),
+        dtypes=FLOAT_DTYPES + ("int64",),
+        index_dtypes=INDEX_DTYPES,
+        bound="memory",
+        bench={
+            "tiny": ({"batch": 3, "steps": 7, "dim": 4},),
+            "full": ({"batch": 256, "steps": 512, "dim": 128},),
+        },
+    ),
+    OpStem(
+        stem="multislice_concat",
+        seed_ops=("multislice_concat",),
+        tf_ops=("MultisliceConcat", "MultisliceConcatGrad"),
+        public=("multislice_concat",),
+        gradient="MultisliceConcatGrad (scatter-add adjoint, overlaps accumulate); its "
+                 "gradient is MultisliceConcat",
+        reference=("multislice_concat",),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=(),
+        bound="memory",
+        bench={
+            "tiny": ({"rows": 5, "cols": 12, "outputs": 3, "slices_per_output": 2},),
+            "full": ({"rows": 65536, "cols": 512, "outputs": 8, "slices_per_output": 4},),
+        },
+    ),
+)
+
+BY_STEM = {row.stem: row for row in OPS}
+
+
+def row_for_op(tf_op_name):
+    """The row owning a registered op ("Recops>X" or "X")."""
+    name = tf_op_name.split(">", 1)[-1]
+    for row in OPS:
+        if name in row.tf_ops:
+            return row
+    raise KeyError(tf_op_name)

@@ -1,0 +1,124 @@
+"""Case builders: for each stem, inputs of a given shape plus the fused and reference callables.
+
+Used by the benchmark (``recops_tf.bench``), the Bazel smoke test and the repo-level tests. The
+keyword arguments of each builder are the keys of the stem's ``bench`` shapes in the ops table.
+"""
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+import recops_tf
+from recops_tf.reference import concat_jagged_tensor as ref_concat
+from recops_tf.reference import gather_for_rank1 as ref_gather
+from recops_tf.reference import multislice_concat as ref_multislice
+from recops_tf.reference import reverse_sequence as ref_reverse
+from recops_tf.testing import random_values
+
+
+@dataclasses.dataclass
+class Case:
+    label: str
+    fused: Callable
+    reference: Callable
+    args: Sequence
+    diff: Sequence[int]  # indices of differentiable args
+    bytes_forward: int  # bytes read + written by the forward (memory-bound ops)
+    bytes_backward: int  # bytes read + written by the backward
+    flops_forward: int = 0
+    flops_backward: int = 0
+
+
+def _offsets(lengths, dtype):
+    return tf.constant(np.concatenate([[0], np.cumsum(lengths)]), dtype=dtype)
+
+
+def _nbytes(*tensors):
+    return sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)
+
+
+def concat_jagged_tensor(fn="concat", batch=4, len_a=6, len_b=3, dim=8, prefix=0,
+                         dtype=tf.float32, index_dtype=tf.int64, seed=0):
+    """Lengths uniform in [0, 2*len) so rows are ragged; fn is "concat" or "split"."""
+    rng = np.random.default_rng(seed)
+    la = rng.integers(0, 2 * len_a + 1, size=batch)
+    lb = rng.integers(0, 2 * len_b + 1, size=batch)
+    oa, ob = _offsets(la, index_dtype), _offsets(lb, index_dtype)
+    a = random_values([int(la.sum()), dim], dtype, seed + 1)
+    b = random_values([int(lb.sum()), dim], dtype, seed + 2)
+    label = f"{fn} B={batch} La~{len_a} Lb~{len_b} D={dim} p={prefix}"
+    total = _nbytes(a, b)
+    if fn == "concat":
+        return Case(label,
+                    lambda a, oa, b, ob: recops_tf.concat_jagged_tensor(
+                        a, oa, b, ob, n_prefix_from_right=prefix),
+                    lambda a, oa, b, ob: ref_concat.concat_jagged_tensor(
+                        a, oa, b, ob, n_prefix_from_right=prefix),
+                    [a, oa, b, ob], [0, 2], 2 * total, 2 * total)
+    values = ref_concat.concat_jagged_tensor(a, oa, b, ob, n_prefix_from_right=prefix)
+    return Case(label,
+                lambda v, oa, ob: recops_tf.split_jagged_tensor(v, oa, ob, n_prefix_to_right=prefix),
+                lambda v, oa, ob: ref_concat.split_jagged_tensor(v, oa, ob,
+                                                                 n_prefix_to_right=prefix),
+                [values, oa, ob], [0], 2 * total, 2 * total)
+
+
+def gather_for_rank1(table=50, num_index=64, dtype=tf.float32, index_dtype=tf.int64, seed=0):
+    rng = np.random.default_rng(seed)
+    x = random_values([table], dtype, seed + 1)
+    index = tf.constant(rng.integers(0, table, size=num_index), dtype=index_dtype)
+    k = num_index
+    return Case(f"E={table} K={num_index}", recops_tf.gather_for_rank1, ref_gather.gather_for_rank1,
+                [x, index], [0],
+                bytes_forward=k * (index.dtype.size + x.dtype.size) + table * x.dtype.size,
+                bytes_backward=k * (index.dtype.size + x.dtype.size) + table * x.dtype.size)
+
+
+def reverse_sequence(batch=3, steps=7, dim=4, dtype=tf.float32, index_dtype=tf.int64, seed=0):
+    rng = np.random.default_rng(seed)
+    x = random_values([batch, steps, dim], dtype, seed + 1)
+    lens = tf.constant(rng.integers(0, steps + 1, size=batch), dtype=index_dtype)
+    return Case(f"B={batch} T={steps} D={dim}", recops_tf.reverse_sequence,
+                ref_reverse.reverse_sequence, [x, lens], [0], 2 * _nbytes(x), 2 * _nbytes(x))
+
+
+def multislice_slices(cols, outputs, slices_per_output, seed=0):
+    """Random (possibly overlapping) slices: begins, lengths (some -1) and concat sizes."""
+    rng = np.random.default_rng(seed)
+    width = max(1, cols // (outputs * slices_per_output))
+    begins, lengths = [], []
+    for _ in range(outputs * slices_per_output):
+        b = int(rng.integers(0, cols))
+        if b + width >= cols:
+            begins.append(b)
+            lengths.append(-1 if rng.integers(0, 2) else cols - b)
+        else:
+            begins.append(b)
+            lengths.append(width)
+    return [slices_per_output] * outputs, begins, lengths
+
+
+def multislice_concat(rows=5, cols=12, outputs=3, slices_per_output=2, dtype=tf.float32,
+                      index_dtype=None, seed=0):
+    sizes, begins, lengths = multislice_slices(cols, outputs, slices_per_output, seed)
+    x = random_values([rows, cols], dtype, seed + 1)
+    out_cols = sum(cols - b if n == -1 else n for b, n in zip(begins, lengths))
+    out_bytes = rows * out_cols * x.dtype.size
+    return Case(f"R={rows} D={cols} C={outputs}x{slices_per_output}",
+                lambda x: recops_tf.multislice_concat(x, sizes, begins, lengths),
+                lambda x: ref_multislice.multislice_concat(x, sizes, begins, lengths),
+                [x], [0], 2 * out_bytes, out_bytes + _nbytes(x))
+
+
+BUILDERS = {
+    "concat_jagged_tensor": concat_jagged_tensor,
+    "gather_for_rank1": gather_for_rank1,
+    "reverse_sequence": reverse_sequence,
+    "multislice_concat": multislice_concat,
+}
+
+
+def build(stem, shape, **kwargs):
+    """The case of `stem` for one benchmark shape of the ops table."""
+    return BUILDERS[stem](**dict(shape), **kwargs)
