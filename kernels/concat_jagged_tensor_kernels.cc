@@ -1,8 +1,8 @@
 // Kernels of stem concat_jagged_tensor. Both directions are row copies, so one
 // dtype-agnostic kernel (bytes per row) serves every registered dtype.
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/copy.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
 #include "kernels/concat_jagged_tensor.h"
@@ -59,9 +59,9 @@ void CopyPieces(OpKernelContext* ctx, const JaggedConcatLayout& layout, int64_t 
       char* part = (from_b ? part_b : part_a) + src_row * row_bytes;
       char* whole = concat + out_row * row_bytes;
       if (to_concat) {
-        std::memcpy(whole, part, n * row_bytes);
+        CopyBytes(whole, part, n * row_bytes);
       } else {
-        std::memcpy(part, whole, n * row_bytes);
+        CopyBytes(part, whole, n * row_bytes);
       }
     });
   });

@@ -1,11 +1,11 @@
 // Kernels of stem multislice_concat. The forward moves bytes (one kernel for every dtype);
 // the adjoint adds, accumulating bfloat16/float16 in float32.
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/dtypes.h"
+#include "kernels/common/copy.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
 #include "kernels/multislice_concat.h"
@@ -64,8 +64,8 @@ class MultisliceConcatOp : public OpKernel {
       for (int64_t r = r0; r < r1; ++r) {
         const char* row = in + r * cols * elem;
         for (const ColumnSlice& s : slices) {
-          std::memcpy(out[s.output] + (r * widths[s.output] + s.out_column) * elem,
-                      row + s.begin * elem, s.length * elem);
+          CopyBytes(out[s.output] + (r * widths[s.output] + s.out_column) * elem,
+                    row + s.begin * elem, s.length * elem);
         }
       }
     });

@@ -1,9 +1,9 @@
 // Kernel of stem reverse_sequence: a row permutation, so one dtype-agnostic kernel
 // (bytes per row) serves every registered dtype.
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/copy.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -47,7 +47,7 @@ class ReverseSequenceOp : public OpKernel {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t b = r / steps, t = r % steps;
         const int64_t src_t = t < lens[b] ? lens[b] - 1 - t : t;
-        std::memcpy(out + r * row_bytes, in + (b * steps + src_t) * row_bytes, row_bytes);
+        CopyBytes(out + r * row_bytes, in + (b * steps + src_t) * row_bytes, row_bytes);
       }
     });
   }

@@ -1,0 +1,171 @@
+"""Benchmark: every op stem, fused kernel vs its pure-TF composite reference.
+
+For each benchmark shape of the ops table it times the forward and, where the op has a
+gradient, forward+backward (a vector-Jacobian product with a fixed upstream gradient), both
+wrapped in ``tf.function``, with warm-up and repetitions, and reports the median. Each row shows
+the fused op's rate (GB/s for memory-bound stems, GFLOP/s for compute-bound ones) and its
+fraction of a machine ceiling measured in the same run: a large array copy (numpy, counting
+read + write) for memory-bound ops, a large ``tf.linalg.matmul`` for compute-bound ones.
+
+Run it as ``python tools/bench.py`` or ``recops-tf bench``; ``--size tiny`` is the quick run the
+test suite uses so the benchmark cannot rot.
+"""
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from recops_tf import _ops_table
+from recops_tf.testing import cases, upstream_like
+
+CEILING_SIZES = {"tiny": {"copy_mb": 8, "matmul_n": 256}, "full": {"copy_mb": 256, "matmul_n": 2048}}
+
+
+def _median_seconds(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_ceiling_gbps(megabytes, warmup=2, reps=5):
+    """Large array copy (numpy copyto), GB/s counting the bytes read plus the bytes written."""
+    n = megabytes * 1024 * 1024 // 8
+    src = np.random.default_rng(0).random(n)
+    dst = np.empty_like(src)
+    t = _median_seconds(lambda: np.copyto(dst, src), warmup, reps)
+    return 2 * src.nbytes / t / 1e9
+
+
+def matmul_ceiling_gflops(n, warmup=2, reps=5):
+    """Large float32 tf.linalg.matmul, GFLOP/s."""
+    a = tf.random.stateless_uniform([n, n], seed=[1, 2])
+    b = tf.random.stateless_uniform([n, n], seed=[3, 4])
+    mm = tf.function(tf.linalg.matmul)
+    t = _median_seconds(lambda: mm(a, b).numpy(), warmup, reps)
+    return 2 * n ** 3 / t / 1e9
+
+
+def _vjp(fn, diff, upstream):
+    @tf.function
+    def forward_backward(*args):
+        args = list(args)
+        watched = [args[i] for i in diff]
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            out = tf.nest.flatten(fn(*args))
+        grads = tape.gradient(out, watched, output_gradients=upstream)
+        # Dense gradients (a gather's gradient is IndexedSlices until densified), and the
+        # forward outputs returned too, so graph pruning cannot drop the forward.
+        return out, [tf.convert_to_tensor(g) for g in grads]
+
+    return forward_backward
+
+
+def _run(fn, args):
+    # A tf.function call on the CPU returns when its outputs are computed.
+    return fn(*args)
+
+
+def bench_case(row, case, warmup, reps, ceilings):
+    """Rows (dicts) for one case: forward, and forward+backward when differentiable."""
+    results = []
+    modes = [("forward", tf.function(case.fused), tf.function(case.reference),
+              case.bytes_forward, case.flops_forward)]
+    if case.diff:
+        upstream = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype)
+        modes.append(("forward+backward", _vjp(case.fused, case.diff, upstream),
+                      _vjp(case.reference, case.diff, upstream),
+                      case.bytes_forward + case.bytes_backward,
+                      case.flops_forward + case.flops_backward))
+    for mode, fused, reference, nbytes, flops in modes:
+        t_fused = _median_seconds(lambda: _run(fused, case.args), warmup, reps)
+        t_ref = _median_seconds(lambda: _run(reference, case.args), warmup, reps)
+        if row.bound == "memory":
+            rate, unit, ceiling = nbytes / t_fused / 1e9, "GB/s", ceilings["copy_GBps"]
+        else:
+            rate, unit, ceiling = flops / t_fused / 1e9, "GFLOP/s", ceilings["matmul_GFLOPs"]
+        results.append({
+            "stem": row.stem, "case": case.label, "mode": mode,
+            "fused_ms": t_fused * 1e3, "reference_ms": t_ref * 1e3,
+            "speedup": t_ref / t_fused, "rate": rate, "unit": unit,
+            "fraction_of_ceiling": rate / ceiling, "payload_MB": nbytes / 1e6,
+        })
+    return results
+
+
+def run(stems=None, size="full", warmup=2, reps=10, json_path=None, progress=True,
+        dtype="float32"):
+    """Runs the benchmark and returns {"ceilings", "rows", "machine"}; writes JSON if asked."""
+    rows = [r for r in _ops_table.OPS if not stems or r.stem in stems]
+    unknown = set(stems or ()) - {r.stem for r in _ops_table.OPS}
+    if unknown:
+        raise ValueError(f"unknown stems: {sorted(unknown)}")
+    sizes = CEILING_SIZES[size]
+    ceilings = {"copy_GBps": copy_ceiling_gbps(sizes["copy_mb"]),
+                "matmul_GFLOPs": matmul_ceiling_gflops(sizes["matmul_n"])}
+    work = [(row, shape) for row in rows for shape in row.bench[size]]
+    bar = None
+    if progress:
+        import keras
+
+        bar = keras.utils.Progbar(len(work), unit_name="case")
+    results = []
+    for i, (row, shape) in enumerate(work):
+        case = cases.build(row.stem, shape, dtype=tf.as_dtype(dtype))
+        results += bench_case(row, case, warmup, reps, ceilings)
+        if bar is not None:
+            bar.update(i + 1)
+    report = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "tensorflow": tf.__version__,
+                    "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()},
+        "size": size, "dtype": dtype, "warmup": warmup, "reps": reps,
+        "ceilings": ceilings, "rows": results,
+    }
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+def format_table(report):
+    c = report["ceilings"]
+    lines = [f"ceilings: copy {c['copy_GBps']:.1f} GB/s (read+write), "
+             f"matmul {c['matmul_GFLOPs']:.0f} GFLOP/s",
+             f"{'stem':<22} {'case':<40} {'mode':<17} {'fused ms':>9} {'ref ms':>9} "
+             f"{'speedup':>8} {'rate':>14} {'% ceil':>7}"]
+    for r in report["rows"]:
+        lines.append(f"{r['stem']:<22} {r['case']:<40} {r['mode']:<17} {r['fused_ms']:>9.3f} "
+                     f"{r['reference_ms']:>9.3f} {r['speedup']:>7.2f}x "
+                     f"{r['rate']:>8.2f} {r['unit']:<5} {100 * r['fraction_of_ceiling']:>6.1f}%")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="recops-tf bench", description=__doc__.split("\n")[0])
+    parser.add_argument("stems", nargs="*", help="stems to run (default: all)")
+    parser.add_argument("--size", choices=sorted(CEILING_SIZES), default="full")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    report = run(args.stems or None, args.size, args.warmup, args.reps, args.json_path,
+                 progress=not args.no_progress, dtype=args.dtype)
+    print(format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
