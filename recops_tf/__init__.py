@@ -2,7 +2,14 @@
 
 Importing the package loads the op library once and registers every gradient once.
 """
-from recops_tf import _loader
+try:
+    import tensorflow  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "recops_tf needs TensorFlow 2.21: pip install 'recops_tf[cpu]' (tensorflow-cpu) or "
+        "'recops_tf[full]' (tensorflow), or install tensorflow==2.21.* yourself") from e
+
+from recops_tf import _loader  # noqa: E402
 
 _loader.load()
 

@@ -1,0 +1,85 @@
+"""Repo-level checks: every op is complete (table row, wrapper, reference, test, docs,
+benchmark shapes, gradient) and the generated files are fresh."""
+import doctest
+import importlib
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+
+import recops_tf
+from recops_tf import _loader, _ops_table
+from recops_tf.testing import cases, regen, smoke
+
+ROOT = regen.ROOT
+OP_NAMES = _loader.op_names()
+
+
+def test_library_has_ops():
+    assert len(OP_NAMES) >= 7
+    assert all(name.startswith("Recops>") for name in OP_NAMES)
+
+
+def test_every_op_has_a_table_row_and_every_row_an_op():
+    table_ops = {"Recops>" + t for row in _ops_table.OPS for t in row.tf_ops}
+    assert table_ops == set(OP_NAMES)
+
+
+@pytest.mark.parametrize("row", _ops_table.OPS, ids=lambda r: r.stem)
+def test_row_is_complete(row):
+    reference = importlib.import_module(f"recops_tf.reference.{row.stem}")
+    assert len(row.reference) == len(row.public)
+    for public, ref in zip(row.public, row.reference):
+        fn = getattr(recops_tf, public)
+        doc = fn.__doc__ or ""
+        for section in ("Args:", "Returns:", "Raises:", "Gradient", ">>>"):
+            assert section in doc, f"recops_tf.{public} docstring lacks {section!r}"
+        assert callable(getattr(reference, ref))
+    assert os.path.exists(os.path.join(ROOT, "tests", "ops", f"test_{row.stem}.py"))
+    assert row.bound in ("memory", "compute")
+    assert row.bench["tiny"] and row.bench["full"]
+    assert row.stem in cases.BUILDERS
+    for shape in row.bench["tiny"]:
+        case = cases.build(row.stem, shape)
+        assert case.bytes_forward > 0 or case.flops_forward > 0
+
+
+@pytest.mark.parametrize("op_name", OP_NAMES)
+def test_every_float_op_has_a_registered_gradient(op_name):
+    # All ops of the library are differentiable (the backward ops too: they are linear).
+    assert tf_ops.gradient_registry.lookup(op_name) is not None
+
+
+def test_smoke_run_exercises_every_op():
+    assert smoke.run_all() == OP_NAMES
+
+
+def test_opdefs_match_golden():
+    with open(regen.GOLDEN_PATH) as f:
+        committed = f.read()
+    assert committed == regen.golden_text(), (
+        "The library's OpDefs differ from tests/golden/ops.pbtxt. If the interface change is "
+        "intended, run `python tools/regen.py golden` and commit the diff.")
+
+
+def test_docs_are_fresh():
+    with open(regen.DOCS_PATH) as f:
+        committed = f.read()
+    assert committed == regen.docs_text(), (
+        "docs/ops.md is stale: run `python tools/regen.py docs` and commit it.")
+
+
+@pytest.mark.parametrize("row", _ops_table.OPS, ids=lambda r: r.stem)
+def test_docstring_examples_run(row):
+    module = importlib.import_module(f"recops_tf.ops.{row.stem}")
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    examples = 0
+    for name in row.public:
+        for test in finder.find(getattr(module, name), name,
+                                globs={**vars(module), "tf": tf, "np": np}):
+            examples += len(test.examples)
+            runner.run(test)
+    assert examples > 0
+    assert runner.failures == 0, f"{runner.failures} docstring example(s) failed"
