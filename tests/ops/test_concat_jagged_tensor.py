@@ -74,14 +74,17 @@ def test_golden_prefix_layout():
     assert out[:, 0].numpy().tolist() == [1, 2, 10, 11, 12, 3, 20]
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("prefix", [0, 1])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_gradients_match_reference(dtype, prefix):
+def test_gradients_match_reference(dtype, prefix, mode):
     args = make(LENS_A, LENS_B, dtype=dtype)
-    assert_gradients_match_reference(concat(prefix), concat_ref(prefix), args, [0, 2], dtype)
+    assert_gradients_match_reference(in_mode(concat(prefix), mode, args), concat_ref(prefix),
+                                     args, [0, 2], dtype)
     a, oa, b, ob = args
     sargs = [ref.concat_jagged_tensor(a, oa, b, ob, n_prefix_from_right=prefix), oa, ob]
-    assert_gradients_match_reference(split(prefix), split_ref(prefix), sargs, [0], dtype)
+    assert_gradients_match_reference(in_mode(split(prefix), mode, sargs), split_ref(prefix),
+                                     sargs, [0], dtype)
 
 
 @pytest.mark.parametrize("prefix", [0, 2])

@@ -41,14 +41,16 @@ def test_backward_matches_reference(dtype, index_dtype, mode):
                              reduction=len(INDEX))
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_gradients_match_reference(dtype):
+def test_gradients_match_reference(dtype, mode):
     args = make(10, INDEX, dtype)
-    assert_gradients_match_reference(recops_tf.gather_for_rank1, ref.gather_for_rank1, args, [0],
-                                     dtype, reduction=len(INDEX))
+    assert_gradients_match_reference(in_mode(recops_tf.gather_for_rank1, mode, args),
+                                     ref.gather_for_rank1, args, [0], dtype, reduction=len(INDEX))
     x, index = args
     bargs = [random_values([len(INDEX)], dtype, 5), x, index]
-    assert_gradients_match_reference(recops_tf.index_select_for_rank1_backward,
+    assert_gradients_match_reference(in_mode(recops_tf.index_select_for_rank1_backward, mode,
+                                             bargs),
                                      ref.index_select_for_rank1_backward, bargs, [0], dtype)
 
 

@@ -31,10 +31,12 @@ def test_matches_reference(dtype, mode):
     assert [o.shape.as_list() for o in outs] == [[5, 5], [5, 6], [5, 6]]
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_gradients_match_reference(dtype):
+def test_gradients_match_reference(dtype, mode):
     # Column 2 is used by four slices: the adjoint must accumulate them.
-    assert_gradients_match_reference(fused, reference, [random_values([5, 7], dtype)], [0], dtype,
+    args = [random_values([5, 7], dtype)]
+    assert_gradients_match_reference(in_mode(fused, mode, args), reference, args, [0], dtype,
                                      reduction=4)
 
 

@@ -37,38 +37,35 @@ def test_definition():
     assert out[:, :, 0].numpy().tolist() == [[2, 1, 0, 3], [4, 5, 6, 7]]
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_gradients_match_reference(dtype):
+def test_gradients_match_reference(dtype, mode):
     args = make(LENS, dtype=dtype)
-    assert_gradients_match_reference(recops_tf.reverse_sequence, ref.reverse_sequence, args, [0],
-                                     dtype)
+    assert_gradients_match_reference(in_mode(recops_tf.reverse_sequence, mode, args),
+                                     ref.reverse_sequence, args, [0], dtype)
 
 
 def test_numeric_gradient():
     assert_numeric_gradient(recops_tf.reverse_sequence, make([2, 0, 3], 3, 2, tf.float64), [0])
 
 
+def _second_order(fn, x, lens):
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = fn(x, lens)
+            loss = tf.reduce_sum(y * y * x)
+        g = inner.gradient(loss, x)
+        loss2 = tf.reduce_sum(g)
+    return outer.gradient(loss2, x)
+
+
 def test_second_order_gradient():
     # The gradient is reverse_sequence itself, so it is differentiable again.
     x, lens = make(LENS, dtype=tf.float64)
-    with tf.GradientTape() as outer:
-        outer.watch(x)
-        with tf.GradientTape() as inner:
-            inner.watch(x)
-            y = recops_tf.reverse_sequence(x, lens)
-            loss = tf.reduce_sum(y * y * x)
-        g = inner.gradient(loss, x)
-        loss2 = tf.reduce_sum(g)
-    gg = outer.gradient(loss2, x)
-    with tf.GradientTape() as outer:
-        outer.watch(x)
-        with tf.GradientTape() as inner:
-            inner.watch(x)
-            y = ref.reverse_sequence(x, lens)
-            loss = tf.reduce_sum(y * y * x)
-        g = inner.gradient(loss, x)
-        loss2 = tf.reduce_sum(g)
-    np.testing.assert_allclose(gg.numpy(), outer.gradient(loss2, x).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(_second_order(recops_tf.reverse_sequence, x, lens).numpy(),
+                               _second_order(ref.reverse_sequence, x, lens).numpy(), rtol=1e-12)
 
 
 def test_shape_function():
