@@ -59,13 +59,26 @@ class MultisliceConcatOp : public OpKernel {
       out[k] = const_cast<char*>(t->tensor_data().data());
       total_width += widths[k];
     }
+    // Byte offsets per slice, resolved once: the row loop is then pointer arithmetic only.
+    struct Move {
+      char* dst;             // output base + out_column
+      int64_t dst_stride;    // output row bytes
+      int64_t src_offset;    // begin column bytes
+      int64_t bytes;
+    };
+    std::vector<Move> moves;
+    moves.reserve(slices.size());
+    for (const ColumnSlice& s : slices) {
+      moves.push_back({out[s.output] + s.out_column * elem, widths[s.output] * elem,
+                       s.begin * elem, s.length * elem});
+    }
     const char* in = input.tensor_data().data();
+    const int64_t in_stride = cols * elem;
     ParallelFor(ctx, rows, total_width * elem + 16 * slices.size(), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const char* row = in + r * cols * elem;
-        for (const ColumnSlice& s : slices) {
-          CopyBytes(out[s.output] + (r * widths[s.output] + s.out_column) * elem,
-                    row + s.begin * elem, s.length * elem);
+        const char* row = in + r * in_stride;
+        for (const Move& m : moves) {
+          CopyBytes(m.dst + r * m.dst_stride, row + m.src_offset, m.bytes);
         }
       }
     });
