@@ -43,29 +43,32 @@ __attribute__((always_inline)) inline void GatherRange(const Elem* x, int64_t n,
   }
 }
 
-// For j in [j0, j1): acc[j - j0] = sum over k ascending with index[k] == j of grad[k].
-// Scanning every k per owner range keeps the summation order independent of threading. `acc`
-// has j1 - j0 + 1 entries: indices owned by other ranges add into the last one (a branch-free
-// select instead of an unpredictable branch); its value is meaningless.
+// Deterministic scatter-add in fixed chunks: index positions are split into chunks whose
+// boundaries depend only on (num_index, n), never on the thread count. Chunk c accumulates
+// its k in ascending order into its own dense accumulator; the final sum adds the chunks in
+// ascending c. So results are bitwise reproducible on any machine and thread count, and with a
+// single chunk (num_index <= kMinChunk) they equal the plain ascending-k sum.
+constexpr int64_t kMinChunk = 1 << 16;
+constexpr int64_t kMaxChunks = 16;
+constexpr int64_t kAccumulatorBudgetBytes = int64_t{64} << 20;
+
+inline int64_t ScatterAddChunks(int64_t num_index, int64_t n, int64_t acc_bytes) {
+  const int64_t by_work = std::max<int64_t>(1, num_index / kMinChunk);
+  const int64_t by_memory = std::max<int64_t>(1, kAccumulatorBudgetBytes / std::max<int64_t>(1, n * acc_bytes));
+  return std::min({kMaxChunks, by_work, by_memory});
+}
+
+// acc[j] += grad[k] for k in [k0, k1), ascending; out-of-range indices go to `bad`.
 template <typename T, typename Acc, typename Index>
-void ScatterAddOwnedRange(const T* grad, const Index* index, int64_t num_index, int64_t n,
-                          int64_t j0, int64_t j1, Acc* acc, BadIndexTracker* bad) {
-  const uint64_t width = static_cast<uint64_t>(j1 - j0);
-  std::fill(acc, acc + width + 1, Acc(0));
-  uint64_t max_index = 0;
-  for (int64_t k = 0; k < num_index; ++k) {
-    const int64_t j = static_cast<int64_t>(index[k]);
-    max_index = std::max(max_index, static_cast<uint64_t>(j));
-    const uint64_t rel = static_cast<uint64_t>(j - j0);
-    acc[rel < width ? rel : width] += static_cast<Acc>(grad[k]);
-  }
-  if (max_index >= static_cast<uint64_t>(n)) {
-    for (int64_t k = 0; k < num_index; ++k) {
-      const int64_t j = static_cast<int64_t>(index[k]);
-      if (static_cast<uint64_t>(j) >= static_cast<uint64_t>(n)) {
-        bad->Report(k, j);
-        break;
-      }
+void ScatterAddChunk(const T* grad, const Index* index, int64_t n, int64_t k0, int64_t k1,
+                     Acc* acc, BadIndexTracker* bad) {
+  const uint64_t bound = static_cast<uint64_t>(n);
+  for (int64_t k = k0; k < k1; ++k) {
+    const uint64_t j = static_cast<uint64_t>(static_cast<int64_t>(index[k]));
+    if (j < bound) {
+      acc[j] += static_cast<Acc>(grad[k]);
+    } else {
+      bad->Report(k, static_cast<int64_t>(index[k]));
     }
   }
 }

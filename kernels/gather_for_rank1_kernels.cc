@@ -96,17 +96,20 @@ class IndexSelectForRank1BackwardOp : public OpKernel {
     const Index* ip = index.flat<Index>().data();
     T* out = grad_x->flat<T>().data();
     BadIndexTracker bad;
-    // Each owner range of output rows scans all of index; a few ranges suffice to use the
-    // pool, so split into at most one range per thread (and none for tiny work).
-    const int64_t ranges = std::max<int64_t>(
-        1, std::min<int64_t>({NumThreads(ctx), n, (num_index + n) / 4096 + 1}));
-    ParallelFor(ctx, ranges, 1 << 20, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t j0 = n * r / ranges, j1 = n * (r + 1) / ranges;
-        using Acc = AccumT<T>;
-        std::vector<Acc> acc(j1 - j0 + 1);
-        ScatterAddOwnedRange<T, Acc, Index>(g, ip, num_index, n, j0, j1, acc.data(), &bad);
-        for (int64_t j = j0; j < j1; ++j) out[j] = static_cast<T>(acc[j - j0]);
+    using Acc = AccumT<T>;
+    const int64_t chunks = ScatterAddChunks(num_index, n, sizeof(Acc));
+    std::vector<Acc> acc(chunks * n, Acc(0));
+    ParallelFor(ctx, chunks, (num_index / chunks) * 8 + n, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        ScatterAddChunk<T, Acc, Index>(g, ip, n, num_index * c / chunks,
+                                       num_index * (c + 1) / chunks, acc.data() + c * n, &bad);
+      }
+    });
+    ParallelFor(ctx, n, chunks * sizeof(Acc) + sizeof(T), [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        Acc sum = acc[j];
+        for (int64_t c = 1; c < chunks; ++c) sum += acc[c * n + j];
+        out[j] = static_cast<T>(sum);
       }
     });
     OP_REQUIRES_OK(ctx, bad.ToStatus("index", n));

@@ -36,8 +36,8 @@ REGISTER_OP("Recops>IndexSelectForRank1Backward")
       return absl::OkStatus();
     })
     .Doc(R"doc(
-grad_x[j] = sum of grad_y[k] over k with index[k] == j, summed in ascending k
-(deterministic); x is used only for its length.
+grad_x[j] = sum of grad_y[k] over k with index[k] == j, in a fixed order that does not
+depend on the thread count (deterministic); x is used only for its length.
 )doc");
 
 }  // namespace recops

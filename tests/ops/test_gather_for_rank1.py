@@ -77,6 +77,33 @@ def test_backward_sums_in_ascending_index_order():
         np.testing.assert_array_equal(out.numpy(), expected)
 
 
+_DETERMINISM_SCRIPT = """
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+import recops_tf
+rng = np.random.default_rng(0)
+n, k = 1000, 400_000  # several chunks
+index = rng.integers(0, n, size=k)
+grad = (rng.standard_normal(k) * 10.0 ** rng.integers(-4, 8, size=k)).astype(np.float32)
+out = recops_tf.index_select_for_rank1_backward(grad, tf.zeros([n]), index).numpy()
+sys.stdout.write(out.tobytes().hex())
+"""
+
+
+def test_backward_is_bitwise_identical_across_thread_counts():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    outs = [subprocess.run([sys.executable, "-c", _DETERMINISM_SCRIPT, str(threads)], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+            for threads in (1, 2)]
+    assert outs[0] and outs[0] == outs[1]
+
+
 def test_large_table_has_no_length_limit():
     args = make(100_000, [99_999, 0, 20_480, 50_000])
     assert_matches_reference(recops_tf.gather_for_rank1, ref.gather_for_rank1, args, tf.float32)
