@@ -54,16 +54,18 @@ absl::Status CheckSameLength(const std::vector<int64_t>& a, const std::vector<in
 // to_concat: parts -> concatenated; otherwise concatenated -> parts.
 void CopyPieces(OpKernelContext* ctx, const JaggedConcatLayout& layout, int64_t row_bytes,
                 char* concat, char* part_a, char* part_b, bool to_concat) {
+  const bool stream = layout.rows() * row_bytes >= kStreamingOutputBytes;
   ParallelFor(ctx, layout.rows(), row_bytes + 16, [&](int64_t r0, int64_t r1) {
     layout.ForEachPiece(r0, r1, [&](int64_t out_row, bool from_b, int64_t src_row, int64_t n) {
       char* part = (from_b ? part_b : part_a) + src_row * row_bytes;
       char* whole = concat + out_row * row_bytes;
       if (to_concat) {
-        CopyBytes(whole, part, n * row_bytes);
+        CopyRun(whole, part, n * row_bytes, stream);
       } else {
-        CopyBytes(part, whole, n * row_bytes);
+        CopyRun(part, whole, n * row_bytes, stream);
       }
     });
+    if (stream) StreamFence();
   });
 }
 

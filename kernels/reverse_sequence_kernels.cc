@@ -43,12 +43,14 @@ class ReverseSequenceOp : public OpKernel {
     const int64_t row_bytes = input.dim_size(2) * tensorflow::DataTypeSize(input.dtype());
     const char* in = input.tensor_data().data();
     char* out = const_cast<char*>(output->tensor_data().data());
+    const bool stream = input.TotalBytes() >= static_cast<size_t>(kStreamingOutputBytes);
     ParallelFor(ctx, batch * steps, row_bytes + 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t b = r / steps, t = r % steps;
         const int64_t src_t = t < lens[b] ? lens[b] - 1 - t : t;
-        CopyBytes(out + r * row_bytes, in + (b * steps + src_t) * row_bytes, row_bytes);
+        CopyRun(out + r * row_bytes, in + (b * steps + src_t) * row_bytes, row_bytes, stream);
       }
+      if (stream) StreamFence();
     });
   }
 };
