@@ -42,21 +42,8 @@ def setUpModule():
 
 
 def _registered_ops(library):
-    """Names of the ops in the loaded library's OpList."""
-    op_list = getattr(library, "OP_LIST", None)  # attached by recops_tf._loader.load()
-    if op_list is None:
-        # TF 2's load_op_library no longer sets OP_LIST; ask TF directly. The
-        # library is already loaded under this path, so TF returns the cached
-        # handle and the OpList recorded at the first load.
-        from tensorflow.core.framework import op_def_pb2
-        from tensorflow.python.client import pywrap_tf_session
-
-        handle = pywrap_tf_session.TF_LoadLibrary(_LIBRARY_PATH)
-        try:
-            op_list = op_def_pb2.OpList.FromString(pywrap_tf_session.TF_GetOpList(handle))
-        finally:
-            pywrap_tf_session.TF_DeleteLibraryHandle(handle)
-    return {op.name for op in op_list.op}
+    """Names of the ops in the loaded library's OpList (attached by recops_tf._loader.load())."""
+    return {op.name for op in library.OP_LIST.op}
 
 
 class BazelSmokeTest(unittest.TestCase):
