@@ -8,7 +8,7 @@ def test_tiny_benchmark_covers_every_stem(tmp_path):
     path = tmp_path / "bench.json"
     report = bench.run(size="tiny", warmup=1, reps=1, json_path=str(path), progress=False)
     assert json.loads(path.read_text())["rows"] == report["rows"]
-    assert report["ceilings"]["copy_GBps"] > 0 and report["ceilings"]["matmul_GFLOPs"] > 0
+    assert all(v > 0 for v in report["ceilings"].values())
     seen = {(r["stem"], r["mode"]) for r in report["rows"]}
     for row in _ops_table.OPS:
         assert (row.stem, "forward") in seen
