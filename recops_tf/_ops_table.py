@@ -96,6 +96,26 @@ OPS = (
             "full": ({"rows": 65536, "cols": 512, "outputs": 8, "slices_per_output": 4},),
         },
     ),
+    OpStem(
+        stem="hstu_dense",
+        seed_ops=("hstu_dense_forward", "hstu_dense_backward", "hstu_backward_v2"),
+        tf_ops=("HstuDenseForward", "HstuDenseBackward"),
+        public=("hstu_attention",),
+        gradient="HstuDenseBackward (dq, dk, dv, d_attn_bias = dS; scores recomputed per "
+                 "tile); second order not implemented (raises)",
+        reference=("hstu_attention",),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=INDEX_DTYPES,
+        bound="compute",
+        bench={
+            "tiny": ({"batch": 3, "max_len": 70, "heads": 2, "dim": 8},),
+            # Lengths uniform in [1, L], causal, float32. At L = 4096 the padded composite's
+            # [B, H, L, L] scores need ~1 GB per tensor per 4 sequences: B = 4 keeps it in memory.
+            "full": ({"batch": 32, "max_len": 256, "heads": 4, "dim": 64},
+                     {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64},
+                     {"batch": 4, "max_len": 4096, "heads": 4, "dim": 64}),
+        },
+    ),
 )
 
 BY_STEM = {row.stem: row for row in OPS}

@@ -17,6 +17,12 @@ namespace recops {
 void ParallelFor(tensorflow::OpKernelContext* ctx, int64_t total, int64_t cost_per_unit,
                  const std::function<void(int64_t, int64_t)>& fn);
 
+// Runs fn(item) for every item in [0, num_items) on the intra-op pool, handing items out one
+// at a time from a shared counter: for work items of very different cost (attention over
+// sequences of different lengths), listed most expensive first.
+void ParallelForDynamic(tensorflow::OpKernelContext* ctx, int64_t num_items,
+                        const std::function<void(int64_t)>& fn);
+
 // Number of threads ParallelFor may use.
 int NumThreads(tensorflow::OpKernelContext* ctx);
 

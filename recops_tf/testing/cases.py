@@ -12,6 +12,7 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.reference import concat_jagged_tensor as ref_concat
 from recops_tf.reference import gather_for_rank1 as ref_gather
+from recops_tf.reference import hstu_dense as ref_hstu
 from recops_tf.reference import multislice_concat as ref_multislice
 from recops_tf.reference import reverse_sequence as ref_reverse
 from recops_tf.testing import random_values
@@ -111,11 +112,32 @@ def multislice_concat(rows=5, cols=12, outputs=3, slices_per_output=2, dtype=tf.
                 [x], [0], 2 * out_bytes, out_bytes + _nbytes(x))
 
 
+def hstu_dense(batch=3, max_len=70, heads=2, dim=8, dtype=tf.float32, index_dtype=tf.int64,
+               seed=0):
+    """Causal jagged HSTU attention, lengths uniform in [1, max_len], Nq = Nk, Dqk = Dv."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len + 1, size=batch)
+    offsets = _offsets(lengths, index_dtype)
+    rows = int(lengths.sum())
+    q, k, v = (random_values([rows, heads, dim], dtype, seed + i) for i in (1, 2, 3))
+    # Useful (causal, unpadded) work: two GEMMs over half of each L x L score matrix forward,
+    # four backward.
+    flops = int(2 * heads * (dim + dim) * np.sum(lengths.astype(np.float64) ** 2) / 2)
+    return Case(f"B={batch} L<={max_len} H={heads} D={dim}",
+                lambda q, k, v: recops_tf.hstu_attention(q, k, v, seq_offsets=offsets,
+                                                         max_seq_len=max_len),
+                lambda q, k, v: ref_hstu.hstu_attention(q, k, v, offsets, offsets, max_len,
+                                                        max_len),
+                [q, k, v], [0, 1, 2], _nbytes(q, k, v, v), 2 * _nbytes(q, k, v, v),
+                flops_forward=flops, flops_backward=2 * flops)
+
+
 BUILDERS = {
     "concat_jagged_tensor": concat_jagged_tensor,
     "gather_for_rank1": gather_for_rank1,
     "reverse_sequence": reverse_sequence,
     "multislice_concat": multislice_concat,
+    "hstu_dense": hstu_dense,
 }
 
 

@@ -1,0 +1,331 @@
+// HSTU attention (stem hstu_dense): the problem description, the visibility (mask) rules of
+// spec §1 and the tiled forward / backward work items.
+//
+// Scores are never materialised beyond one kTileQ x kTileK tile: a work item owns a block of
+// query rows (forward, dQ) or of key rows (dK, dV), recomputes the scores of each visible tile
+// with a register-blocked GEMM, applies bias / alpha / SiLU / scale / mask on the tile and
+// multiplies into V (or accumulates gradients). Accumulation is in Acc (float for float16,
+// bfloat16 and float32; double for float64); values are rounded to the input dtype exactly
+// where the spec's kernels round (scores, P, dO·Vᵀ, dS).
+#ifndef RECOPS_KERNELS_HSTU_DENSE_H_
+#define RECOPS_KERNELS_HSTU_DENSE_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/common/microkernels.h"
+
+namespace recops {
+
+constexpr int64_t kTileQ = 64;
+constexpr int64_t kTileK = 64;
+
+enum class HstuMask : int { kCausal = 0, kNone = 2, kCustom = 3 };
+
+struct HstuProblem {
+  int64_t batch = 0, heads_q = 0, heads_k = 0, dim_qk = 0, dim_v = 0;
+  int64_t max_q = 0, max_k = 0;  // max_seq_len, max_seq_len_k: the bias / mask plane extents
+  const int64_t* off_q = nullptr;
+  const int64_t* off_k = nullptr;
+  const int64_t* num_context = nullptr;  // [batch] or nullptr (zeros)
+  const int64_t* num_target = nullptr;   // [batch] or nullptr (zeros)
+  int64_t group = 0;                     // target_group_size
+  HstuMask mask_type = HstuMask::kCausal;
+  int64_t window_left = -1, window_right = -1;  // -1: unbounded
+  double alpha = 1.0, scale = 1.0;              // scale: silu_scale, already resolved
+  bool has_bias = false;
+};
+
+struct HstuSeq {
+  int64_t lq, lk, delta, ctx, tgt;
+};
+
+inline HstuSeq SeqOf(const HstuProblem& p, int64_t b) {
+  HstuSeq s;
+  s.lq = p.off_q[b + 1] - p.off_q[b];
+  s.lk = p.off_k[b + 1] - p.off_k[b];
+  s.delta = s.lk - s.lq;
+  s.ctx = p.num_context ? p.num_context[b] : 0;
+  s.tgt = p.num_target ? p.num_target[b] : 0;
+  return s;
+}
+
+// Whether query i may see key j (before a custom mask's value multiplies), spec §1 and §6.
+RECOPS_INLINE bool HstuVisible(const HstuProblem& p, const HstuSeq& s, int64_t i, int64_t j) {
+  bool vis = true;
+  if (p.mask_type == HstuMask::kCausal) {
+    if (s.ctx > 0 && i < s.ctx) {
+      vis = j < s.lk - s.tgt;  // context rows see context + history, not the targets
+    } else {
+      vis = j <= i + s.delta;
+    }
+    if (p.group > 0 && s.tgt > 0 && i >= s.lq - s.tgt && j >= s.lk - s.tgt) {
+      const int64_t ti = i - (s.lq - s.tgt), tj = j - (s.lk - s.tgt);
+      vis = ti / p.group == tj / p.group && tj <= ti;
+    }
+  }
+  if (p.window_left >= 0 && j < i + s.delta - p.window_left) vis = false;
+  if (p.window_right >= 0 && j > i + s.delta + p.window_right) vis = false;
+  return vis;
+}
+
+// Conservative: false only if no (i, j) of the tile can be visible.
+inline bool HstuTileMaybeVisible(const HstuProblem& p, const HstuSeq& s, int64_t i0, int64_t i1,
+                                 int64_t j0, int64_t j1) {
+  const int64_t last_i = i1 - 1, last_j = j1 - 1;
+  if (p.window_left >= 0 && last_j < i0 + s.delta - p.window_left) return false;
+  if (p.window_right >= 0 && j0 > last_i + s.delta + p.window_right) return false;
+  if (p.mask_type == HstuMask::kCausal) {
+    const bool has_context_rows = s.ctx > 0 && i0 < s.ctx;
+    if (!has_context_rows && j0 > last_i + s.delta) return false;
+  }
+  return true;
+}
+
+// True if every (i, j) of the tile is visible (the mask can then be skipped).
+inline bool HstuTileFullyVisible(const HstuProblem& p, const HstuSeq& s, int64_t i0, int64_t i1,
+                                 int64_t j0, int64_t j1) {
+  const int64_t last_i = i1 - 1, last_j = j1 - 1;
+  if (p.window_left >= 0 && j0 < last_i + s.delta - p.window_left) return false;
+  if (p.window_right >= 0 && last_j > i0 + s.delta + p.window_right) return false;
+  if (p.mask_type == HstuMask::kCausal) {
+    if (s.ctx > 0 && i0 < s.ctx) return false;
+    if (p.group > 0 && s.tgt > 0 && last_i >= s.lq - s.tgt && last_j >= s.lk - s.tgt) {
+      return false;
+    }
+    if (last_j > i0 + s.delta) return false;
+  }
+  return true;
+}
+
+// Rounds an accumulator value to the input dtype T (a no-op for float32 / float64).
+template <typename T, typename Acc>
+RECOPS_INLINE Acc RoundTo(Acc x) {
+  return static_cast<Acc>(static_cast<T>(x));
+}
+
+template <typename T>
+struct HstuTensors {
+  const T* q = nullptr;
+  const T* k = nullptr;
+  const T* v = nullptr;
+  const T* mask = nullptr;  // custom mask [B, Nq, max_q, max_k]
+  const T* bias = nullptr;  // [B, Nq, max_q, max_k]
+  const T* grad = nullptr;  // dO [Tq, Nq, Dv]
+  T* out = nullptr;
+  T* dq = nullptr;
+  T* dk = nullptr;
+  T* dv = nullptr;
+  T* dbias = nullptr;
+};
+
+// One query block of one (sequence, head) in the work list.
+struct HstuItem {
+  int64_t b, h, row0;  // h: query head (forward, dQ) or kv head (dK, dV)
+  int64_t cost;
+};
+
+// Work items (b, head, block start) over blocks of `block` rows of the q side (kv_side =
+// false, heads = heads_q) or the k side (kv_side = true, heads = heads_k), with a cost estimate
+// (visible tiles), most expensive first.
+std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side);
+
+template <typename T, typename Acc>
+struct HstuTile {
+  // Per-item scratch buffers, allocated once per item.
+  explicit HstuTile(const HstuProblem& p)
+      : q(kTileQ * p.dim_qk), kt(p.dim_qk * kTileK), kb(kTileK * p.dim_qk),
+        vb(kTileK * p.dim_v), vt(p.dim_v * kTileK), dout(kTileQ * p.dim_v),
+        s(kTileQ * kTileK), dp(kTileQ * kTileK), pt(kTileK * kTileQ), dst(kTileK * kTileQ),
+        z(kTileK), m(kTileK) {}
+  std::vector<Acc> q, kt, kb, vb, vt, dout, s, dp, pt, dst, z, m;
+};
+
+// Loads rows [r0, r0 + n) of head `head` of a [rows, heads, dim] tensor into a row-major
+// [n, dim] Acc tile (transposed: [dim, ld] when `transpose`).
+template <typename T, typename Acc>
+RECOPS_INLINE void LoadRows(const T* base, int64_t heads, int64_t head, int64_t dim, int64_t r0,
+                            int64_t n, Acc* tile, bool transpose, int64_t ld) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T* src = base + ((r0 + r) * heads + head) * dim;
+    if (transpose) {
+      for (int64_t d = 0; d < dim; ++d) tile[d * ld + r] = static_cast<Acc>(src[d]);
+    } else {
+      for (int64_t d = 0; d < dim; ++d) tile[r * dim + d] = static_cast<Acc>(src[d]);
+    }
+  }
+}
+
+// Mask factors (scale · mask value · visibility) for row i of a tile, columns j0..j0+nk.
+template <typename T, typename Acc>
+RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                           int64_t b, int64_t h, int64_t i, int64_t j0, int64_t nk, bool full,
+                           Acc* m) {
+  const Acc scale = static_cast<Acc>(p.scale);
+  const T* mask_row = p.mask_type == HstuMask::kCustom
+                          ? t.mask + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0
+                          : nullptr;
+  for (int64_t c = 0; c < nk; ++c) {
+    Acc v = full || HstuVisible(p, s, i, j0 + c) ? scale : Acc(0);
+    if (mask_row) v *= static_cast<Acc>(mask_row[c]);
+    m[c] = v;
+  }
+}
+
+// Scores of one tile -> P (forward, in place in `s`), and with `dp` given, dS (in place in
+// `dp`, where dp holds dO·Vᵀ on entry). z and m are row scratch.
+template <typename T, typename Acc>
+RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                             int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
+                             int64_t nk, Acc* sc, Acc* dp, Acc* z, Acc* m) {
+  const bool full = HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
+  const Acc alpha = static_cast<Acc>(p.alpha);
+  for (int64_t r = 0; r < mq; ++r) {
+    const int64_t i = i0 + r;
+    Acc* srow = sc + r * kTileK;
+    MaskRow<T, Acc>(p, t, s, b, h, i, j0, nk, full, m);
+    const T* bias_row =
+        p.has_bias ? t.bias + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0 : nullptr;
+    for (int64_t c = 0; c < nk; ++c) {
+      Acc v = RoundTo<T>(srow[c]);
+      if (bias_row) v += static_cast<Acc>(bias_row[c]);
+      z[c] = alpha * v;
+    }
+    if (dp == nullptr) {
+      for (int64_t c = 0; c < nk; ++c) srow[c] = RoundTo<T>(z[c] * Sigmoid(z[c]) * m[c]);
+    } else {
+      Acc* dprow = dp + r * kTileK;
+      for (int64_t c = 0; c < nk; ++c) {
+        const Acc sig = Sigmoid(z[c]);
+        srow[c] = RoundTo<T>(z[c] * sig * m[c]);
+        const Acc dsilu = sig * (Acc(1) + z[c] * (Acc(1) - sig));
+        dprow[c] = RoundTo<T>(alpha * m[c] * dsilu * RoundTo<T>(dprow[c]));
+      }
+    }
+  }
+}
+
+// Forward: output rows [row0, row0 + kTileQ) of query head h of sequence b.
+template <typename T, typename Acc>
+RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t,
+                                   const HstuItem& item) {
+  const HstuSeq s = SeqOf(p, item.b);
+  const int64_t h = item.h, kv = h / (p.heads_q / p.heads_k);
+  const int64_t i0 = item.row0, mq = std::min(kTileQ, s.lq - i0);
+  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
+  HstuTile<T, Acc> w(p);
+  std::vector<Acc> o(mq * p.dim_v, Acc(0));
+  LoadRows<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, w.q.data(), false, 0);
+  for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
+    const int64_t nk = std::min(kTileK, s.lk - j0);
+    if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+    LoadRows<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j0, nk, w.kt.data(), true, kTileK);
+    LoadRows<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j0, nk, w.vb.data(), false, 0);
+    std::fill(w.s.begin(), w.s.end(), Acc(0));
+    GemmAcc<Acc>(mq, nk, p.dim_qk, w.q.data(), p.dim_qk, w.kt.data(), kTileK, w.s.data(), kTileK);
+    ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), nullptr, w.z.data(),
+                      w.m.data());
+    GemmAcc<Acc>(mq, p.dim_v, nk, w.s.data(), kTileK, w.vb.data(), p.dim_v, o.data(), p.dim_v);
+  }
+  for (int64_t r = 0; r < mq; ++r) {
+    T* dst = t.out + ((oq + i0 + r) * p.heads_q + h) * p.dim_v;
+    for (int64_t e = 0; e < p.dim_v; ++e) dst[e] = static_cast<T>(o[r * p.dim_v + e]);
+  }
+}
+
+// Transposes the [rows x cols] tile (ld kTileK) into [cols x rows] (ld kTileQ).
+template <typename Acc>
+RECOPS_INLINE void TransposeTile(const Acc* src, int64_t rows, int64_t cols, Acc* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[c * kTileQ + r] = src[r * kTileK + c];
+  }
+}
+
+// Backward, key side: dK and dV of key rows [row0, row0 + kTileK) of kv head item.h, summed
+// over the query heads of its group and all query blocks (no other item writes them).
+template <typename T, typename Acc>
+RECOPS_INLINE void HstuBackwardKvItem(const HstuProblem& p, const HstuTensors<T>& t,
+                                      const HstuItem& item) {
+  const HstuSeq s = SeqOf(p, item.b);
+  const int64_t kv = item.h, group = p.heads_q / p.heads_k;
+  const int64_t j0 = item.row0, nk = std::min(kTileK, s.lk - j0);
+  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
+  HstuTile<T, Acc> w(p);
+  std::vector<Acc> dk(nk * p.dim_qk, Acc(0)), dv(nk * p.dim_v, Acc(0));
+  LoadRows<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j0, nk, w.kt.data(), true, kTileK);
+  LoadRows<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j0, nk, w.vt.data(), true, kTileK);
+  for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+    for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
+      const int64_t mq = std::min(kTileQ, s.lq - i0);
+      if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+      LoadRows<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, w.q.data(), false, 0);
+      LoadRows<T, Acc>(t.grad, p.heads_q, h, p.dim_v, oq + i0, mq, w.dout.data(), false, 0);
+      std::fill(w.s.begin(), w.s.end(), Acc(0));
+      std::fill(w.dp.begin(), w.dp.end(), Acc(0));
+      GemmAcc<Acc>(mq, nk, p.dim_qk, w.q.data(), p.dim_qk, w.kt.data(), kTileK, w.s.data(),
+                   kTileK);
+      GemmAcc<Acc>(mq, nk, p.dim_v, w.dout.data(), p.dim_v, w.vt.data(), kTileK, w.dp.data(),
+                   kTileK);
+      ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
+                        w.m.data());
+      TransposeTile(w.s.data(), mq, nk, w.pt.data());
+      TransposeTile(w.dp.data(), mq, nk, w.dst.data());
+      GemmAcc<Acc>(nk, p.dim_v, mq, w.pt.data(), kTileQ, w.dout.data(), p.dim_v, dv.data(),
+                   p.dim_v);
+      GemmAcc<Acc>(nk, p.dim_qk, mq, w.dst.data(), kTileQ, w.q.data(), p.dim_qk, dk.data(),
+                   p.dim_qk);
+    }
+  }
+  for (int64_t r = 0; r < nk; ++r) {
+    T* dkr = t.dk + ((ok + j0 + r) * p.heads_k + kv) * p.dim_qk;
+    T* dvr = t.dv + ((ok + j0 + r) * p.heads_k + kv) * p.dim_v;
+    for (int64_t d = 0; d < p.dim_qk; ++d) dkr[d] = static_cast<T>(dk[r * p.dim_qk + d]);
+    for (int64_t e = 0; e < p.dim_v; ++e) dvr[e] = static_cast<T>(dv[r * p.dim_v + e]);
+  }
+}
+
+// Backward, query side: dQ of query rows [row0, row0 + kTileQ) of head item.h, and the bias
+// gradient (= dS) of those rows.
+template <typename T, typename Acc>
+RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>& t,
+                                     const HstuItem& item) {
+  const HstuSeq s = SeqOf(p, item.b);
+  const int64_t h = item.h, kv = h / (p.heads_q / p.heads_k);
+  const int64_t i0 = item.row0, mq = std::min(kTileQ, s.lq - i0);
+  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
+  HstuTile<T, Acc> w(p);
+  std::vector<Acc> dq(mq * p.dim_qk, Acc(0));
+  LoadRows<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, w.q.data(), false, 0);
+  LoadRows<T, Acc>(t.grad, p.heads_q, h, p.dim_v, oq + i0, mq, w.dout.data(), false, 0);
+  for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
+    const int64_t nk = std::min(kTileK, s.lk - j0);
+    if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+    LoadRows<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j0, nk, w.kt.data(), true, kTileK);
+    LoadRows<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j0, nk, w.kb.data(), false, 0);
+    LoadRows<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j0, nk, w.vt.data(), true, kTileK);
+    std::fill(w.s.begin(), w.s.end(), Acc(0));
+    std::fill(w.dp.begin(), w.dp.end(), Acc(0));
+    GemmAcc<Acc>(mq, nk, p.dim_qk, w.q.data(), p.dim_qk, w.kt.data(), kTileK, w.s.data(), kTileK);
+    GemmAcc<Acc>(mq, nk, p.dim_v, w.dout.data(), p.dim_v, w.vt.data(), kTileK, w.dp.data(),
+                 kTileK);
+    ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
+                      w.m.data());
+    GemmAcc<Acc>(mq, p.dim_qk, nk, w.dp.data(), kTileK, w.kb.data(), p.dim_qk, dq.data(),
+                 p.dim_qk);
+    if (p.has_bias) {
+      for (int64_t r = 0; r < mq; ++r) {
+        T* row = t.dbias + ((item.b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
+        for (int64_t c = 0; c < nk; ++c) row[c] = static_cast<T>(w.dp[r * kTileK + c]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < mq; ++r) {
+    T* dst = t.dq + ((oq + i0 + r) * p.heads_q + h) * p.dim_qk;
+    for (int64_t d = 0; d < p.dim_qk; ++d) dst[d] = static_cast<T>(dq[r * p.dim_qk + d]);
+  }
+}
+
+}  // namespace recops
+
+#endif  // RECOPS_KERNELS_HSTU_DENSE_H_

@@ -1,0 +1,275 @@
+// Kernels of stem hstu_dense: validation, work lists, and dispatch to the tiled work items
+// (compiled for AVX-512, AVX2 and baseline x86-64, picked at load time).
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/parallel.h"
+#include "kernels/common/validation.h"
+#include "kernels/hstu_dense.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace recops {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+namespace {
+
+// Non-template entry points per dtype, so that each can be multiversioned.
+#define RECOPS_HSTU_ENTRIES(T, Acc)                                                            \
+  RECOPS_MULTIVERSION void ForwardItem(const HstuProblem& p, const HstuTensors<T>& t,         \
+                                       const HstuItem& item) {                                \
+    HstuForwardItem<T, Acc>(p, t, item);                                                      \
+  }                                                                                           \
+  RECOPS_MULTIVERSION void BackwardKvItem(const HstuProblem& p, const HstuTensors<T>& t,      \
+                                          const HstuItem& item) {                             \
+    HstuBackwardKvItem<T, Acc>(p, t, item);                                                   \
+  }                                                                                           \
+  RECOPS_MULTIVERSION void BackwardQItem(const HstuProblem& p, const HstuTensors<T>& t,       \
+                                         const HstuItem& item) {                              \
+    HstuBackwardQItem<T, Acc>(p, t, item);                                                    \
+  }
+RECOPS_HSTU_ENTRIES(float, float)
+RECOPS_HSTU_ENTRIES(Eigen::half, float)
+RECOPS_HSTU_ENTRIES(Eigen::bfloat16, float)
+RECOPS_HSTU_ENTRIES(double, double)
+#undef RECOPS_HSTU_ENTRIES
+
+// Attributes and validated inputs shared by the forward and backward kernels. Input indices
+// are those of the forward op; the backward's are shifted by one (grad comes first).
+class HstuBase : public OpKernel {
+ public:
+  explicit HstuBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_seq_len", &max_q_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_seq_len_k", &max_k_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("alpha", &alpha_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("silu_scale", &silu_scale_));
+    std::string mask_type;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_type", &mask_type));
+    mask_type_ = mask_type == "causal" ? HstuMask::kCausal
+                 : mask_type == "none" ? HstuMask::kNone
+                                       : HstuMask::kCustom;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("target_group_size", &group_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("window_left", &window_left_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("window_right", &window_right_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("has_bias", &has_bias_));
+  }
+
+ protected:
+  // Validates inputs first..first+8 (q, k, v, offsets_q, offsets_k, num_context, num_target,
+  // mask, attn_bias) and fills problem_ (pointing into the vectors below).
+  absl::Status Prepare(OpKernelContext* ctx, int first) {
+    const Tensor& q = ctx->input(first);
+    const Tensor& k = ctx->input(first + 1);
+    const Tensor& v = ctx->input(first + 2);
+    TF_RETURN_IF_ERROR(CheckRank(q, "q", 3));
+    TF_RETURN_IF_ERROR(CheckRank(k, "k", 3));
+    TF_RETURN_IF_ERROR(CheckRank(v, "v", 3));
+    HstuProblem& p = problem_;
+    p.heads_q = q.dim_size(1);
+    p.heads_k = k.dim_size(1);
+    p.dim_qk = q.dim_size(2);
+    p.dim_v = v.dim_size(2);
+    if (k.dim_size(2) != p.dim_qk) {
+      return absl::InvalidArgumentError(absl::StrCat("q and k must have the same head dim, got ",
+                                                     p.dim_qk, " and ", k.dim_size(2)));
+    }
+    if (v.dim_size(0) != k.dim_size(0) || v.dim_size(1) != p.heads_k) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("k and v must have the same rows and heads, got shapes ",
+                       k.shape().DebugString(), " and ", v.shape().DebugString()));
+    }
+    if (p.heads_k < 1 || p.heads_q < 1 || p.heads_q % p.heads_k != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the number of query heads (", p.heads_q,
+          ") must be a positive multiple of the number of key/value heads (", p.heads_k, ")"));
+    }
+    TF_RETURN_IF_ERROR(ReadOffsets(ctx->input(first + 3), "seq_offsets", q.dim_size(0), &off_q_));
+    TF_RETURN_IF_ERROR(
+        ReadOffsets(ctx->input(first + 4), "seq_offsets_k", k.dim_size(0), &off_k_));
+    if (off_q_.size() != off_k_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "seq_offsets and seq_offsets_k must have the same length, got ", off_q_.size(),
+          " and ", off_k_.size()));
+    }
+    p.batch = static_cast<int64_t>(off_q_.size()) - 1;
+    p.max_q = max_q_;
+    p.max_k = max_k_;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t lq = off_q_[b + 1] - off_q_[b], lk = off_k_[b + 1] - off_k_[b];
+      if (lq > max_q_) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " has length ", lq,
+                                                       " > max_seq_len = ", max_q_));
+      }
+      if (lk > max_k_) {
+        return absl::InvalidArgumentError(absl::StrCat("key sequence ", b, " has length ", lk,
+                                                       " > max_seq_len_k = ", max_k_));
+      }
+      if (lq > lk) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", b, " has more queries (", lq, ") than keys (", lk,
+            "): queries are the last positions of the key sequence"));
+      }
+    }
+    TF_RETURN_IF_ERROR(ReadCounts(ctx->input(first + 5), "num_context", &ctx_));
+    TF_RETURN_IF_ERROR(ReadCounts(ctx->input(first + 6), "num_target", &tgt_));
+    if ((!ctx_.empty() || !tgt_.empty()) && mask_type_ != HstuMask::kCausal) {
+      return absl::InvalidArgumentError(
+          "num_context / num_target need mask_type 'causal'");
+    }
+    for (int64_t b = 0; b < p.batch && (!ctx_.empty() || !tgt_.empty()); ++b) {
+      const int64_t c = ctx_.empty() ? 0 : ctx_[b], t = tgt_.empty() ? 0 : tgt_[b];
+      const int64_t lq = off_q_[b + 1] - off_q_[b];
+      if (c + t > lq || c + t >= max_q_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "num_context[", b, "] + num_target[", b, "] = ", c, " + ", t,
+            " must be <= the sequence length (", lq, ") and < max_seq_len (", max_q_, ")"));
+      }
+    }
+    p.off_q = off_q_.data();
+    p.off_k = off_k_.data();
+    p.num_context = ctx_.empty() ? nullptr : ctx_.data();
+    p.num_target = tgt_.empty() ? nullptr : tgt_.data();
+    p.group = group_;
+    p.mask_type = mask_type_;
+    p.window_left = window_left_;
+    p.window_right = window_right_;
+    p.alpha = alpha_;
+    // silu_scale 0 means 1 / max_seq_len, computed in float as the seed's wrappers do.
+    p.scale = silu_scale_ == 0.0f ? 1.0f / static_cast<float>(max_q_) : silu_scale_;
+    p.has_bias = has_bias_;
+    const TensorShape plane({p.batch, p.heads_q, max_q_, max_k_});
+    if (mask_type_ == HstuMask::kCustom && ctx->input(first + 7).shape() != plane) {
+      return absl::InvalidArgumentError(absl::StrCat("mask must have shape ", plane.DebugString(),
+                                                     " [B, Nq, max_seq_len, max_seq_len_k], got ",
+                                                     ctx->input(first + 7).shape().DebugString()));
+    }
+    if (has_bias_ && ctx->input(first + 8).shape() != plane) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attn_bias must have shape ", plane.DebugString(),
+          " [B, Nq, max_seq_len, max_seq_len_k], got ",
+          ctx->input(first + 8).shape().DebugString()));
+    }
+    return absl::OkStatus();
+  }
+
+  // num_context / num_target: empty (not given) or one non-negative count per sequence.
+  absl::Status ReadCounts(const Tensor& t, const char* name, std::vector<int64_t>* out) {
+    TF_RETURN_IF_ERROR(ReadInt64Vector(t, name, out));
+    if (out->empty()) return absl::OkStatus();
+    if (static_cast<int64_t>(out->size()) != problem_.batch) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must have one entry per sequence (",
+                                                     problem_.batch, "), got ", out->size()));
+    }
+    for (size_t b = 0; b < out->size(); ++b) {
+      if ((*out)[b] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, "[", b, "] = ", (*out)[b], " must be >= 0"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  static const T* Ptr(const Tensor& t) {
+    return t.NumElements() ? t.flat<T>().data() : nullptr;
+  }
+
+  HstuProblem problem_;
+  std::vector<int64_t> off_q_, off_k_, ctx_, tgt_;
+  int64_t max_q_, max_k_, group_, window_left_, window_right_;
+  float alpha_, silu_scale_;
+  HstuMask mask_type_;
+  bool has_bias_;
+};
+
+template <typename T>
+class HstuDenseForwardOp : public HstuBase {
+ public:
+  using HstuBase::HstuBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, Prepare(ctx, 0));
+    const HstuProblem& p = problem_;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({ctx->input(0).dim_size(0), p.heads_q, p.dim_v}),
+                            &out));
+    HstuTensors<T> t;
+    t.q = Ptr<T>(ctx->input(0));
+    t.k = Ptr<T>(ctx->input(1));
+    t.v = Ptr<T>(ctx->input(2));
+    t.mask = Ptr<T>(ctx->input(7));
+    t.bias = Ptr<T>(ctx->input(8));
+    t.out = out->flat<T>().data();
+    const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false);
+    ParallelForDynamic(ctx, items.size(), [&](int64_t i) { ForwardItem(p, t, items[i]); });
+  }
+};
+
+template <typename T>
+class HstuDenseBackwardOp : public HstuBase {
+ public:
+  using HstuBase::HstuBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, Prepare(ctx, 1));
+    const HstuProblem& p = problem_;
+    const Tensor& grad = ctx->input(0);
+    const Tensor& q = ctx->input(1);
+    OP_REQUIRES(ctx,
+                grad.shape() == TensorShape({q.dim_size(0), p.heads_q, p.dim_v}),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "grad must have shape [Tq, Nq, Dv] = ",
+                    TensorShape({q.dim_size(0), p.heads_q, p.dim_v}).DebugString(), ", got ",
+                    grad.shape().DebugString())));
+    Tensor *dq = nullptr, *dk = nullptr, *dv = nullptr, *dbias = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, q.shape(), &dq));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(2).shape(), &dk));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(3).shape(), &dv));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, ctx->input(9).shape(), &dbias));
+    HstuTensors<T> t;
+    t.grad = Ptr<T>(grad);
+    t.q = Ptr<T>(q);
+    t.k = Ptr<T>(ctx->input(2));
+    t.v = Ptr<T>(ctx->input(3));
+    t.mask = Ptr<T>(ctx->input(8));
+    t.bias = Ptr<T>(ctx->input(9));
+    t.dq = dq->flat<T>().data();
+    t.dk = dk->flat<T>().data();
+    t.dv = dv->flat<T>().data();
+    t.dbias = dbias->flat<T>().data();
+    // Rows of empty sequences are never visited: start from zeros everywhere.
+    dk->flat<T>().setZero();
+    dv->flat<T>().setZero();
+    dq->flat<T>().setZero();
+    if (p.has_bias) dbias->flat<T>().setZero();
+    const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true);
+    ParallelForDynamic(ctx, kv_items.size(),
+                       [&](int64_t i) { BackwardKvItem(p, t, kv_items[i]); });
+    const std::vector<HstuItem> q_items = HstuWorkItems(p, /*kv_side=*/false);
+    ParallelForDynamic(ctx, q_items.size(), [&](int64_t i) { BackwardQItem(p, t, q_items[i]); });
+  }
+};
+
+#define REGISTER(T)                                                                            \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("Recops>HstuDenseForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
+      HstuDenseForwardOp<T>);                                                                  \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("Recops>HstuDenseBackward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),  \
+      HstuDenseBackwardOp<T>);
+REGISTER(float)
+REGISTER(Eigen::half)
+REGISTER(Eigen::bfloat16)
+REGISTER(double)
+#undef REGISTER
+
+}  // namespace
+
+}  // namespace recops

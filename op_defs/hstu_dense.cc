@@ -1,0 +1,92 @@
+// Stem hstu_dense: HSTU attention forward and backward (jagged layout; the Python wrapper maps
+// the dense and ragged layouts onto it).
+#include "op_defs/shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace recops {
+
+using tensorflow::shape_inference::DimensionHandle;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+#define RECOPS_HSTU_ATTRS                                       \
+  Attr("T: {float, half, bfloat16, double}")                    \
+      .Attr("Tidx: {int32, int64} = DT_INT64")                  \
+      .Attr("max_seq_len: int >= 1")                            \
+      .Attr("max_seq_len_k: int >= 1")                          \
+      .Attr("alpha: float = 1.0")                               \
+      .Attr("silu_scale: float = 0.0")                          \
+      .Attr("mask_type: {'causal', 'none', 'custom'} = 'causal'") \
+      .Attr("target_group_size: int >= 0 = 0")                  \
+      .Attr("window_left: int >= -1 = -1")                      \
+      .Attr("window_right: int >= -1 = -1")                     \
+      .Attr("has_bias: bool = false")
+
+REGISTER_OP("Recops>HstuDenseForward")
+    .Input("q: T")
+    .Input("k: T")
+    .Input("v: T")
+    .Input("seq_offsets_q: Tidx")
+    .Input("seq_offsets_k: Tidx")
+    .Input("num_context: Tidx")
+    .Input("num_target: Tidx")
+    .Input("mask: T")
+    .Input("attn_bias: T")
+    .Output("output: T")
+    .RECOPS_HSTU_ATTRS
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle q, k, v;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &q));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &k));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 3, &v));
+      DimensionHandle unused;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(q, 2), c->Dim(k, 2), &unused));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(k, 0), c->Dim(v, 0), &unused));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(k, 1), c->Dim(v, 1), &unused));
+      for (int i = 3; i < 7; ++i) TF_RETURN_IF_ERROR(RequireVector(c, i));
+      c->set_output(0, c->MakeShape({c->Dim(q, 0), c->Dim(q, 1), c->Dim(v, 2)}));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+HSTU attention on jagged q [Tq, Nq, Dqk], k [Tk, Nk, Dqk], v [Tk, Nk, Dv]:
+O[i,h] = sum_j round(silu(alpha * (q_i.k_j + bias_hij)) * scale * m_hij) * v_j (no softmax).
+num_context / num_target: empty or [B]; mask / attn_bias: [B, Nq, max_seq_len, max_seq_len_k]
+(mask only read for mask_type 'custom', attn_bias only with has_bias).
+)doc");
+
+REGISTER_OP("Recops>HstuDenseBackward")
+    .Input("grad: T")
+    .Input("q: T")
+    .Input("k: T")
+    .Input("v: T")
+    .Input("seq_offsets_q: Tidx")
+    .Input("seq_offsets_k: Tidx")
+    .Input("num_context: Tidx")
+    .Input("num_target: Tidx")
+    .Input("mask: T")
+    .Input("attn_bias: T")
+    .Output("dq: T")
+    .Output("dk: T")
+    .Output("dv: T")
+    .Output("d_attn_bias: T")
+    .RECOPS_HSTU_ATTRS
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      for (int i = 0; i < 4; ++i) {
+        ShapeHandle unused;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 3, &unused));
+      }
+      c->set_output(0, c->input(1));
+      c->set_output(1, c->input(2));
+      c->set_output(2, c->input(3));
+      c->set_output(3, c->input(9));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradients of HstuDenseForward (recomputes scores per tile): dq, dk, dv, and d_attn_bias = dS
+(zero outside each sequence's valid block; shaped like attn_bias).
+)doc");
+
+#undef RECOPS_HSTU_ATTRS
+
+}  // namespace recops

@@ -1,0 +1,119 @@
+"""Keras layer: HSTU attention over a ragged sequence batch, with its own q/k/v projection."""
+import keras
+import tensorflow as tf
+
+from recops_tf.ops.hstu_dense import hstu_attention
+
+
+@keras.saving.register_keras_serializable(package="recops_tf")
+class HSTUAttention(keras.layers.Layer):
+    """HSTU attention with its q/k/v projection, on ``[B, (L), d_model]`` sequences.
+
+    The input (a ``tf.RaggedTensor`` ``[B, (L), d_model]``, or a dense ``[B, S, d_model]``) is
+    projected by one matrix to queries (``num_heads`` heads of ``head_dim``), keys
+    (``num_kv_heads`` heads of ``head_dim``) and values (``num_kv_heads`` heads of
+    ``value_dim``), then ``recops_tf.hstu_attention`` runs on the jagged rows directly (no
+    padding). The output has the input's kind: ``[B, (L), num_heads * value_dim]``.
+
+    The layer projects by itself (rather than taking q, k, v) so that it is a complete,
+    trainable unit in a functional model; the gating, normalisation and output projection of a
+    full HSTU block are ``recops_tf.layers.HSTUBlock``'s job.
+
+    Args:
+      num_heads: query heads.
+      head_dim: q/k head size.
+      max_seq_len: the longest sequence the layer accepts (the SiLU scale default is
+        ``1 / max_seq_len``).
+      value_dim: v head size (default ``head_dim``).
+      num_kv_heads: key/value heads (GQA; default ``num_heads``; must divide it).
+      alpha, silu_scale, mask_type, target_group_size, window_size: as in
+        ``recops_tf.hstu_attention``.
+      use_bias: add a bias to the projection.
+      kernel_initializer, bias_initializer: of the projection.
+
+    Call arguments: ``inputs``; optional ``num_context`` / ``num_target`` ``[B]`` counts.
+
+    Models using it must compile with ``jit_compile=False``.
+    """
+
+    def __init__(self, num_heads, head_dim, max_seq_len, value_dim=None, num_kv_heads=None,
+                 alpha=1.0, silu_scale=0.0, mask_type="causal", target_group_size=0,
+                 window_size=None, use_bias=True, kernel_initializer="glorot_uniform",
+                 bias_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.head_dim = int(head_dim)
+        self.max_seq_len = int(max_seq_len)
+        self.value_dim = int(value_dim or head_dim)
+        self.num_kv_heads = int(num_kv_heads or num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads "
+                             f"({self.num_heads})")
+        self.alpha = float(alpha)
+        self.silu_scale = float(silu_scale)
+        self.mask_type = mask_type
+        if mask_type == "custom":
+            raise ValueError("HSTUAttention supports mask_type 'causal' or 'none'")
+        self.target_group_size = int(target_group_size)
+        self.window_size = None if window_size is None else tuple(int(w) for w in window_size)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    @property
+    def _widths(self):
+        return (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                self.num_kv_heads * self.value_dim)
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        if d_model is None:
+            raise ValueError("HSTUAttention needs a known last input dimension")
+        self.kernel = self.add_weight(name="kernel", shape=(d_model, sum(self._widths)),
+                                      initializer=self.kernel_initializer)
+        self.bias = (self.add_weight(name="bias", shape=(sum(self._widths),),
+                                     initializer=self.bias_initializer)
+                     if self.use_bias else None)
+
+    def _attend(self, rows, **kwargs):
+        proj = tf.matmul(rows, tf.cast(self.kernel, rows.dtype))
+        if self.bias is not None:
+            proj += tf.cast(self.bias, rows.dtype)
+        q, k, v = tf.split(proj, list(self._widths), axis=-1)
+        q = tf.reshape(q, [-1, self.num_heads, self.head_dim])
+        k = tf.reshape(k, [-1, self.num_kv_heads, self.head_dim])
+        v = tf.reshape(v, [-1, self.num_kv_heads, self.value_dim])
+        out = hstu_attention(q, k, v, max_seq_len=self.max_seq_len, alpha=self.alpha,
+                             silu_scale=self.silu_scale, mask_type=self.mask_type,
+                             target_group_size=self.target_group_size,
+                             window_size=self.window_size, **kwargs)
+        return tf.reshape(out, [-1, self.num_heads * self.value_dim])
+
+    def call(self, inputs, num_context=None, num_target=None):
+        counts = {"num_context": num_context, "num_target": num_target}
+        if isinstance(inputs, tf.RaggedTensor):
+            rows, splits = inputs.values, inputs.row_splits
+            return inputs.with_values(self._attend(rows, seq_offsets=splits, **counts))
+        inputs = tf.convert_to_tensor(inputs)
+        shape = tf.shape(inputs, out_type=tf.int64)
+        splits = tf.range(shape[0] + 1) * shape[1]
+        out = self._attend(tf.reshape(inputs, [-1, inputs.shape[-1]]), seq_offsets=splits,
+                           **counts)
+        return tf.reshape(out, [shape[0], shape[1], self.num_heads * self.value_dim])
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.num_heads * self.value_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "num_heads": self.num_heads, "head_dim": self.head_dim,
+            "max_seq_len": self.max_seq_len, "value_dim": self.value_dim,
+            "num_kv_heads": self.num_kv_heads, "alpha": self.alpha,
+            "silu_scale": self.silu_scale, "mask_type": self.mask_type,
+            "target_group_size": self.target_group_size, "window_size": self.window_size,
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        })
+        return config

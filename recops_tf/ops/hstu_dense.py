@@ -1,0 +1,182 @@
+"""HSTU attention: fused forward and backward (stem hstu_dense)."""
+import tensorflow as tf
+
+from recops_tf.ops._common import index_tensor, lib, ragged_parts
+
+MASK_TYPES = ("causal", "none", "custom")
+
+
+def _check_mask_type(mask_type):
+    if mask_type in ("upper", "upper_triangular", "upper triangular", 1):
+        raise ValueError("mask_type 'upper triangular' is not supported (as in Rec SDK); use "
+                         "'causal', 'none' or 'custom'")
+    if mask_type not in MASK_TYPES:
+        raise ValueError(f"mask_type must be one of {MASK_TYPES}, got {mask_type!r}")
+
+
+def _static_dim(x, axis, what):
+    dim = x.shape[axis]
+    if dim is None:
+        raise ValueError(f"{what} must be given when it cannot be read from a static shape")
+    return int(dim)
+
+
+def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, silu_scale=0.0,
+                   mask_type="causal", mask=None, attn_bias=None, num_context=None,
+                   num_target=None, target_group_size=0, seq_offsets_k=None, max_seq_len_k=None,
+                   window_size=None, name=None):
+    """HSTU attention (pointwise SiLU attention of generative recommenders), fused.
+
+    Definition, per sequence b, query head h (kv head ``h // (Nq/Nk)``), query i, key j:
+
+    * ``z_ij = alpha * (q_i . k_j + attn_bias[b, h, i, j])`` (the bias is added before alpha
+      multiplies; no softmax, no 1/sqrt(d));
+    * ``p_ij = silu(z_ij) * c * m_ij`` with ``c = silu_scale`` (``0`` means
+      ``1 / max_seq_len``) and ``m`` the mask: built-in causal (``j <= i + Lk - Lq``, refined
+      by ``num_context`` / ``num_target`` / ``target_group_size``), ``"none"``, or a
+      multiplicative ``"custom"`` mask; ``window_size = (left, right)`` further limits keys to
+      ``i + Lk - Lq - left <= j <= i + Lk - Lq + right`` (-1: unbounded);
+    * ``out_i = sum_j p_ij * v_j``.
+
+    With float16/bfloat16 inputs the kernel accumulates in float32 and rounds the scores and
+    ``p`` to the input dtype where Rec SDK's kernels do. Scores are computed tile by tile and
+    never stored: memory is O(T * N * D), not O(B * N * S^2).
+
+    Layouts:
+
+    * jagged: ``q [Tq, Nq, Dqk]``, ``k [Tk, Nk, Dqk]``, ``v [Tk, Nk, Dv]`` with
+      ``seq_offsets [B+1]`` (and ``seq_offsets_k`` for keys of other lengths: "delta", the
+      queries being the last positions of each key sequence);
+    * ragged: ``tf.RaggedTensor`` q/k/v ``[B, (L), N, D]``; returns a ``tf.RaggedTensor``;
+    * dense: ``[B, S, N, D]`` (and ``[B, Sk, Nk, D]`` keys) when no offsets are given.
+
+    Args:
+      q, k, v: queries, keys, values (float32, bfloat16, float16, float64; same dtype).
+      seq_offsets: ``[B+1]`` int32/int64 query offsets (jagged layout).
+      max_seq_len: the longest query sequence allowed (the extent of ``mask``/``attn_bias`` and
+        the default SiLU scale); read from the shape in the dense layout.
+      alpha: score multiplier.
+      silu_scale: the scale ``c``; 0 means ``1 / max_seq_len``.
+      mask_type: ``"causal"``, ``"none"`` or ``"custom"`` ("upper triangular" is rejected).
+      mask: ``[B, Nq, max_seq_len, max_seq_len_k]`` multiplicative mask for ``"custom"``.
+      attn_bias: ``[B, Nq, max_seq_len, max_seq_len_k]`` additive score bias.
+      num_context, num_target: ``[B]`` int counts for the causal mask's context rows (they see
+        all non-target keys) and target block.
+      target_group_size: targets see only their own group (of this size) among targets; 0:
+        plain causal among targets.
+      seq_offsets_k: ``[B+1]`` key offsets (default ``seq_offsets``).
+      max_seq_len_k: the longest key sequence (default ``max_seq_len``).
+      window_size: optional ``(left, right)`` window sizes.
+      name: optional op name.
+
+    Returns:
+      ``[Tq, Nq, Dv]`` (jagged), a ``tf.RaggedTensor`` ``[B, (L), Nq, Dv]`` (ragged) or
+      ``[B, S, Nq, Dv]`` (dense).
+
+    Gradient: w.r.t. q, k, v and attn_bias (the bias gradient is dS, zero outside each
+    sequence's valid block); none for offsets, counts and the mask. Second-order gradients
+    are not implemented (they raise).
+
+    Raises:
+      InvalidArgumentError: bad offsets, a sequence longer than max_seq_len(_k), more queries
+        than keys, head counts not divisible, mismatched head dims, mask/bias of the wrong
+        shape, counts of the wrong length or too large.
+      ValueError: an unknown or unsupported mask_type, a missing mask, a max_seq_len that cannot
+        be inferred.
+
+    Example:
+
+    >>> q = tf.ones([3, 1, 2]); offsets = tf.constant([0, 3], tf.int64)
+    >>> out = hstu_attention(q, q, q, seq_offsets=offsets, max_seq_len=3, silu_scale=1.0)
+    >>> [round(x, 4) for x in out[:, 0, 0].numpy().tolist()]
+    [1.7616, 3.5232, 5.2848]
+
+    Notes: forward and backward are tiled (64 x 64 score tiles, skipped where the mask is all
+    zero) and parallel over (sequence, head, query block) work items balanced by cost. Keras
+    models must use ``jit_compile=False``.
+    """
+    _check_mask_type(mask_type)
+    with tf.name_scope(name or "hstu_attention"):
+        if isinstance(q, tf.RaggedTensor):
+            if not (isinstance(k, tf.RaggedTensor) and isinstance(v, tf.RaggedTensor)):
+                raise TypeError("hstu_attention: with a ragged q, k and v must be ragged too")
+            qv, oq = ragged_parts(q, "q")
+            kv_, ok = ragged_parts(k, "k")
+            vv, ov = ragged_parts(v, "v")
+            if max_seq_len is None:
+                raise ValueError("max_seq_len must be given for ragged inputs")
+            out = _jagged(qv, kv_, vv, oq, ok, max_seq_len, max_seq_len_k, alpha, silu_scale,
+                          mask_type, mask, attn_bias, num_context, num_target,
+                          target_group_size, window_size)
+            return tf.RaggedTensor.from_row_splits(out, oq, validate=False)
+        q = tf.convert_to_tensor(q, name="q")
+        k = tf.convert_to_tensor(k, dtype=q.dtype, name="k")
+        v = tf.convert_to_tensor(v, dtype=q.dtype, name="v")
+        if seq_offsets is None:
+            if q.shape.rank != 4:
+                raise ValueError("hstu_attention: without seq_offsets, q must be dense "
+                                 f"[B, S, N, D], got shape {q.shape}")
+            s, sk = _static_dim(q, 1, "max_seq_len"), _static_dim(k, 1, "max_seq_len_k")
+            max_seq_len = s if max_seq_len is None else max_seq_len
+            max_seq_len_k = sk if max_seq_len_k is None else max_seq_len_k
+            qs, ks = tf.shape(q, out_type=tf.int64), tf.shape(k, out_type=tf.int64)
+            oq = tf.range(qs[0] + 1) * qs[1]
+            ok = tf.range(ks[0] + 1) * ks[1]
+            out = _jagged(tf.reshape(q, [-1, q.shape[2], q.shape[3]]),
+                          tf.reshape(k, [-1, k.shape[2], k.shape[3]]),
+                          tf.reshape(v, [-1, v.shape[2], v.shape[3]]), oq, ok, max_seq_len,
+                          max_seq_len_k, alpha, silu_scale, mask_type, mask, attn_bias,
+                          num_context, num_target, target_group_size, window_size)
+            return tf.reshape(out, tf.concat([qs[:3], [tf.shape(v, out_type=tf.int64)[3]]], 0))
+        if max_seq_len is None:
+            raise ValueError("max_seq_len must be given with seq_offsets")
+        return _jagged(q, k, v, seq_offsets,
+                       seq_offsets if seq_offsets_k is None else seq_offsets_k, max_seq_len,
+                       max_seq_len_k, alpha, silu_scale, mask_type, mask, attn_bias,
+                       num_context, num_target, target_group_size, window_size)
+
+
+def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, alpha,
+            silu_scale, mask_type, mask, attn_bias, num_context, num_target, target_group_size,
+            window_size):
+    max_seq_len_k = max_seq_len if max_seq_len_k is None else max_seq_len_k
+    index = [index_tensor(seq_offsets, "seq_offsets"), index_tensor(seq_offsets_k, "seq_offsets_k")]
+    for count, what in ((num_context, "num_context"), (num_target, "num_target")):
+        index.append(tf.zeros([0], tf.int64) if count is None else index_tensor(count, what))
+    if len({t.dtype for t in index}) > 1:
+        index = [tf.cast(t, tf.int64) for t in index]
+    if mask_type == "custom":
+        if mask is None:
+            raise ValueError("mask_type 'custom' needs a mask [B, Nq, max_seq_len, max_seq_len_k]")
+        mask = tf.convert_to_tensor(mask, dtype=q.dtype, name="mask")
+    else:
+        if mask is not None:
+            raise ValueError(f"a mask was given but mask_type is {mask_type!r}; use 'custom'")
+        mask = tf.zeros([0], q.dtype)
+    has_bias = attn_bias is not None
+    attn_bias = (tf.convert_to_tensor(attn_bias, dtype=q.dtype, name="attn_bias") if has_bias
+                 else tf.zeros([0], q.dtype))
+    left, right = (-1, -1) if window_size is None else (int(window_size[0]), int(window_size[1]))
+    return lib().recops_hstu_dense_forward(
+        q, k, v, *index, mask, attn_bias, max_seq_len=int(max_seq_len),
+        max_seq_len_k=int(max_seq_len_k), alpha=float(alpha), silu_scale=float(silu_scale),
+        mask_type=mask_type, target_group_size=int(target_group_size), window_left=left,
+        window_right=right, has_bias=has_bias)
+
+
+_ATTRS = ("max_seq_len", "max_seq_len_k", "alpha", "silu_scale", "mask_type",
+          "target_group_size", "window_left", "window_right", "has_bias")
+
+
+@tf.RegisterGradient("Recops>HstuDenseForward")
+def _hstu_dense_forward_grad(op, grad):
+    attrs = {a: op.get_attr(a) for a in _ATTRS}
+    attrs["mask_type"] = attrs["mask_type"].decode() if isinstance(attrs["mask_type"], bytes) \
+        else attrs["mask_type"]
+    dq, dk, dv, dbias = lib().recops_hstu_dense_backward(grad, *op.inputs, **attrs)
+    return [dq, dk, dv, None, None, None, None, None, dbias if attrs["has_bias"] else None]
+
+
+@tf.RegisterGradient("Recops>HstuDenseBackward")
+def _hstu_dense_backward_grad(op, *grads):
+    raise NotImplementedError("second-order gradients of hstu_attention are not implemented")

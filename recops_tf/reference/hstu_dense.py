@@ -1,0 +1,70 @@
+"""Padded dense composite of HSTU attention from stock TF ops (jagged -> dense, einsum, bias,
+SiLU, mask, einsum, dense -> jagged): the test oracle and the benchmark baseline. It builds
+the full [B, N, S, Sk] score tensor, which is what the fused kernel avoids."""
+import numpy as np
+import tensorflow as tf
+
+
+def _lengths(offsets):
+    offsets = tf.cast(offsets, tf.int64)
+    return offsets[1:] - offsets[:-1]
+
+
+def visibility(seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, mask_type="causal",
+               num_context=None, num_target=None, target_group_size=0, window_left=-1,
+               window_right=-1):
+    """Boolean [B, 1, S, Sk]: query i of sequence b may see key j (spec §1 rules, windows)."""
+    lq, lk = _lengths(seq_offsets), _lengths(seq_offsets_k)
+    col = lambda x: tf.reshape(x, [-1, 1, 1, 1])  # noqa: E731
+    lq, lk = col(lq), col(lk)
+    delta = lk - lq
+    i = tf.reshape(tf.range(max_seq_len, dtype=tf.int64), [1, 1, -1, 1])
+    j = tf.reshape(tf.range(max_seq_len_k, dtype=tf.int64), [1, 1, 1, -1])
+    vis = (i < lq) & (j < lk)
+    if mask_type == "causal":
+        zeros = tf.zeros_like(lq)
+        ctx = zeros if num_context is None else col(tf.cast(num_context, tf.int64))
+        tgt = zeros if num_target is None else col(tf.cast(num_target, tf.int64))
+        rule = tf.where((ctx > 0) & (i < ctx), j < lk - tgt, j <= i + delta)
+        if target_group_size > 0:
+            g = target_group_size
+            in_targets = (tgt > 0) & (i >= lq - tgt) & (j >= lk - tgt)
+            ti, tj = i - (lq - tgt), j - (lk - tgt)
+            group_rule = (tf.math.floordiv(ti, g) == tf.math.floordiv(tj, g)) & (tj <= ti)
+            rule = tf.where(in_targets, group_rule, rule)
+        vis &= rule
+    if window_left >= 0:
+        vis &= j >= i + delta - window_left
+    if window_right >= 0:
+        vis &= j <= i + delta + window_right
+    return vis
+
+
+def hstu_attention(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, alpha=1.0,
+                   silu_scale=0.0, mask_type="causal", mask=None, attn_bias=None,
+                   num_context=None, num_target=None, target_group_size=0, window_left=-1,
+                   window_right=-1):
+    """Jagged q [Tq, Nq, Dqk], k [Tk, Nk, Dqk], v [Tk, Nk, Dv] -> [Tq, Nq, Dv]."""
+    dtype = q.dtype
+    splits_q = tf.cast(seq_offsets, tf.int64)
+    splits_k = tf.cast(seq_offsets_k, tf.int64)
+    batch = tf.shape(splits_q, out_type=tf.int64)[0] - 1
+    nq, nk = q.shape[1], k.shape[1]
+    to_dense = lambda x, splits, s: tf.RaggedTensor.from_row_splits(x, splits).to_tensor(  # noqa
+        shape=[batch, s, x.shape[1], x.shape[2]])
+    qd = to_dense(q, splits_q, max_seq_len)
+    kd = tf.repeat(to_dense(k, splits_k, max_seq_len_k), nq // nk, axis=2)
+    vd = tf.repeat(to_dense(v, splits_k, max_seq_len_k), nq // nk, axis=2)
+    s = tf.einsum("bihd,bjhd->bhij", qd, kd)
+    if attn_bias is not None:
+        s = s + attn_bias
+    z = tf.cast(alpha, dtype) * s
+    scale = silu_scale if silu_scale != 0.0 else float(np.float32(1.0) / np.float32(max_seq_len))
+    p = z * tf.sigmoid(z) * tf.cast(scale, dtype)
+    m = tf.cast(visibility(seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, mask_type,
+                           num_context, num_target, target_group_size, window_left,
+                           window_right), dtype)
+    if mask_type == "custom":
+        m = m * mask
+    o = tf.einsum("bhij,bjhd->bihd", p * m, vd)
+    return tf.RaggedTensor.from_tensor(o, lengths=_lengths(splits_q)).values

@@ -1,0 +1,375 @@
+"""Tests of stem hstu_dense: hstu_attention forward and gradients."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given
+from hypothesis import strategies as st
+
+import recops_tf
+from recops_tf.reference import hstu_dense as ref
+from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close,
+                               assert_gradients_match_reference, assert_matches_reference,
+                               assert_numeric_gradient, in_mode, random_values)
+
+# Empty, length-1 and multi-tile (> 64) sequences; keys longer than queries for "delta".
+LENS_Q = [5, 0, 70, 1]
+LENS_K = [7, 2, 70, 1]
+MAX_Q = MAX_K = 72
+
+
+def offsets(lens, dtype=tf.int64):
+    return tf.constant(np.concatenate([[0], np.cumsum(lens)]), dtype)
+
+
+def make(dtype=tf.float32, nq=4, nk=2, dqk=8, dv=6, lens_q=LENS_Q, lens_k=None, seed=0,
+         index_dtype=tf.int64):
+    lens_k = lens_q if lens_k is None else lens_k
+    q = random_values([sum(lens_q), nq, dqk], dtype, seed)
+    k = random_values([sum(lens_k), nk, dqk], dtype, seed + 1)
+    v = random_values([sum(lens_k), nk, dv], dtype, seed + 2)
+    return q, k, v, offsets(lens_q, index_dtype), offsets(lens_k, index_dtype)
+
+
+def plane(dtype, nq=4, seed=7, batch=4, low=-1.0):
+    return random_values([batch, nq, MAX_Q, MAX_K], dtype, seed, low=low)
+
+
+def fused_fn(oq, ok, **kw):
+    def f(q, k, v):
+        return recops_tf.hstu_attention(q, k, v, seq_offsets=oq, seq_offsets_k=ok,
+                                        max_seq_len=MAX_Q, max_seq_len_k=MAX_K, **kw)
+    return f
+
+
+def ref_fn(oq, ok, **kw):
+    window = kw.pop("window_size", None)
+    if window is not None:
+        kw["window_left"], kw["window_right"] = window
+
+    def f(q, k, v):
+        return ref.hstu_attention(q, k, v, oq, ok, MAX_Q, MAX_K, **kw)
+    return f
+
+
+VARIANTS = {
+    "causal": {},
+    "none": {"mask_type": "none"},
+    "custom": {"mask_type": "custom", "_mask": True},
+    "bias_alpha": {"alpha": 0.7, "_bias": True},
+    "context_target_group1": {"num_context": [2, 0, 10, 0], "num_target": [2, 0, 5, 1],
+                              "target_group_size": 1},
+    "context_target_group3": {"num_context": [1, 0, 3, 0], "num_target": [3, 0, 9, 0],
+                              "target_group_size": 3},
+    "targets_plain_causal": {"num_target": [2, 0, 5, 0]},
+    "window": {"window_size": (5, 0)},
+    "window_both_sides": {"mask_type": "none", "window_size": (3, 2)},
+    "silu_scale": {"silu_scale": 0.25},
+}
+
+
+def resolve(variant, dtype):
+    kw = dict(VARIANTS[variant])
+    if kw.pop("_mask", False):
+        kw["mask"] = plane(dtype, seed=11)
+    if kw.pop("_bias", False):
+        kw["attn_bias"] = plane(dtype, seed=12)
+    return kw
+
+
+def _f64(kw):
+    return {k: (tf.cast(v, tf.float64) if tf.is_tensor(v) and v.dtype.is_floating else v)
+            for k, v in kw.items()}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_matches_reference(dtype, variant):
+    q, k, v, oq, ok = make(dtype, lens_k=LENS_K)
+    kw = resolve(variant, dtype)
+    fused = fused_fn(oq, ok, **kw)(q, k, v)
+    expected = ref_fn(oq, ok, **_f64(kw))(*[tf.cast(x, tf.float64) for x in (q, k, v)])
+    assert_close(fused, expected, dtype, magnitude=2.0, reduction=70)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("nk", [4, 2, 1])
+def test_gqa_and_modes(nk, index_dtype, mode):
+    q, k, v, oq, ok = make(tf.float32, nk=nk, dv=8, index_dtype=index_dtype)
+    args = [q, k, v]
+    assert_matches_reference(in_mode(fused_fn(oq, ok), mode, args), ref_fn(oq, ok), args,
+                             tf.float32, magnitude=2.0, reduction=70)
+
+
+@pytest.mark.parametrize("variant", ["causal", "bias_alpha", "custom", "context_target_group3",
+                                     "window"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_gradients_match_reference(dtype, variant):
+    q, k, v, oq, ok = make(dtype, lens_k=LENS_K)
+    kw = resolve(variant, dtype)
+    bias = kw.pop("attn_bias", None)
+    if bias is None:
+        assert_gradients_match_reference(fused_fn(oq, ok, **kw), ref_fn(oq, ok, **_f64(kw)),
+                                         [q, k, v], [0, 1, 2], dtype, magnitude=3.0,
+                                         reduction=70)
+        return
+    fused = lambda q, k, v, b: fused_fn(oq, ok, attn_bias=b, **kw)(q, k, v)  # noqa: E731
+    reference = lambda q, k, v, b: ref_fn(oq, ok, attn_bias=b, **_f64(kw))(q, k, v)  # noqa
+    assert_gradients_match_reference(fused, reference, [q, k, v, bias], [0, 1, 2, 3], dtype,
+                                     magnitude=3.0, reduction=70)
+
+
+def test_gradients_inside_function_with_unknown_shapes():
+    q, k, v, oq, ok = make(tf.float32)
+    args = [q, k, v]
+    assert_gradients_match_reference(in_mode(fused_fn(oq, ok), "function", args), ref_fn(oq, ok),
+                                     args, [0, 1, 2], tf.float32, magnitude=3.0, reduction=70)
+
+
+def test_numeric_gradients():
+    lens = [3, 0, 4]
+    q, k, v, oq, ok = make(tf.float64, nq=2, nk=1, dqk=3, dv=2, lens_q=lens, lens_k=[4, 1, 4])
+    bias = random_values([3, 2, MAX_Q, MAX_K], tf.float64, 5)
+    f = lambda q, k, v, b: recops_tf.hstu_attention(  # noqa: E731
+        q, k, v, seq_offsets=oq, seq_offsets_k=ok, max_seq_len=MAX_Q, max_seq_len_k=MAX_K,
+        attn_bias=b, alpha=0.8, silu_scale=0.5)
+    assert_numeric_gradient(f, [q, k, v, bias], [0, 1, 2])
+    # The bias gradient on the valid blocks (checking all of the [B, N, S, S] plane
+    # numerically would be slow): compare with the composite's.
+    assert_gradients_match_reference(
+        f, lambda q, k, v, b: ref.hstu_attention(q, k, v, oq, ok, MAX_Q, MAX_K, attn_bias=b,
+                                                 alpha=0.8, silu_scale=0.5),
+        [q, k, v, bias], [3], tf.float64)
+
+
+def test_bias_gradient_is_zero_outside_valid_blocks():
+    q, k, v, oq, ok = make(tf.float32, lens_k=LENS_K)
+    bias = plane(tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(bias)
+        out = fused_fn(oq, ok, attn_bias=bias)(q, k, v)
+        loss = tf.reduce_sum(out)
+    g = tape.gradient(loss, bias).numpy()
+    for b, (lq, lk) in enumerate(zip(LENS_Q, LENS_K)):
+        outside = np.ones([MAX_Q, MAX_K], bool)
+        outside[:lq, :lk] = False
+        assert not np.any(g[b][:, outside])
+    assert np.any(g[2])
+
+
+def test_second_order_gradient_raises():
+    q, k, v, oq, ok = make(tf.float32)
+    with pytest.raises(NotImplementedError, match="second-order"):
+        with tf.GradientTape() as outer:
+            outer.watch(q)
+            with tf.GradientTape() as inner:
+                inner.watch(q)
+                loss = tf.reduce_sum(fused_fn(oq, ok)(q, k, v))
+            g = inner.gradient(loss, q)
+        outer.gradient(g, q)
+
+
+def test_dense_layout_matches_jagged():
+    q = random_values([3, 9, 4, 8], tf.float32, 0)
+    k = random_values([3, 9, 2, 8], tf.float32, 1)
+    v = random_values([3, 9, 2, 5], tf.float32, 2)
+    out = recops_tf.hstu_attention(q, k, v)
+    assert out.shape == [3, 9, 4, 5]
+    o = offsets([9, 9, 9])
+    jagged = recops_tf.hstu_attention(tf.reshape(q, [27, 4, 8]), tf.reshape(k, [27, 2, 8]),
+                                      tf.reshape(v, [27, 2, 5]), seq_offsets=o, max_seq_len=9)
+    assert_close(tf.reshape(out, [27, 4, 5]), jagged, tf.float32)
+
+
+def test_dense_delta_layout_queries_are_last_keys():
+    q = random_values([2, 3, 2, 4], tf.float32, 0)
+    k = random_values([2, 5, 2, 4], tf.float32, 1)
+    v = random_values([2, 5, 2, 4], tf.float32, 2)
+    out = recops_tf.hstu_attention(q, k, v)
+    expected = ref.hstu_attention(tf.reshape(q, [6, 2, 4]), tf.reshape(k, [10, 2, 4]),
+                                  tf.reshape(v, [10, 2, 4]), offsets([3, 3]), offsets([5, 5]),
+                                  3, 5)
+    assert_close(tf.reshape(out, [6, 2, 4]), expected, tf.float32)
+
+
+def test_ragged_layout():
+    q, k, v, oq, ok = make(tf.float32, lens_k=LENS_K)
+    rq = tf.RaggedTensor.from_row_splits(q, oq)
+    rk = tf.RaggedTensor.from_row_splits(k, ok)
+    rv = tf.RaggedTensor.from_row_splits(v, ok)
+    out = recops_tf.hstu_attention(rq, rk, rv, max_seq_len=MAX_Q, max_seq_len_k=MAX_K)
+    assert isinstance(out, tf.RaggedTensor)
+    assert_close(out.values, fused_fn(oq, ok)(q, k, v), tf.float32)
+    np.testing.assert_array_equal(out.row_splits.numpy(), oq.numpy())
+
+
+def test_shape_function():
+    f = tf.function(lambda q, k, v, o: recops_tf.hstu_attention(
+        q, k, v, seq_offsets=o, max_seq_len=8)).get_concrete_function(
+        tf.TensorSpec([None, 4, 8]), tf.TensorSpec([None, 2, 8]), tf.TensorSpec([None, 2, 3]),
+        tf.TensorSpec([None], tf.int64))
+    assert f.output_shapes.as_list() == [None, 4, 3]
+
+
+@st.composite
+def jagged_problems(draw):
+    batch = draw(st.integers(0, 4))
+    lens_q = draw(st.lists(st.integers(0, 9), min_size=batch, max_size=batch))
+    extra = draw(st.lists(st.integers(0, 3), min_size=batch, max_size=batch))
+    mask_type = draw(st.sampled_from(["causal", "none"]))
+    ratio = draw(st.sampled_from([1, 2]))
+    return lens_q, [a + b for a, b in zip(lens_q, extra)], mask_type, ratio
+
+
+@given(jagged_problems())
+def test_property_matches_reference(problem):
+    lens_q, lens_k, mask_type, ratio = problem
+    q, k, v, oq, ok = make(tf.float64, nq=2, nk=2 // ratio, dqk=3, dv=2, lens_q=lens_q,
+                           lens_k=lens_k)
+    out = recops_tf.hstu_attention(q, k, v, seq_offsets=oq, seq_offsets_k=ok, max_seq_len=12,
+                                   max_seq_len_k=12, mask_type=mask_type)
+    assert_close(out, ref.hstu_attention(q, k, v, oq, ok, 12, 12, mask_type=mask_type),
+                 tf.float64)
+
+
+# ---- validation: one test per rule -------------------------------------------------------
+
+def _call(q=None, k=None, v=None, oq=None, ok=None, **kw):
+    dq, dk, dv, doq, dok = make(tf.float32, lens_k=LENS_K)
+    kw.setdefault("max_seq_len", MAX_Q)
+    kw.setdefault("max_seq_len_k", MAX_K)
+    return recops_tf.hstu_attention(
+        dq if q is None else q, dk if k is None else k, dv if v is None else v,
+        seq_offsets=doq if oq is None else oq, seq_offsets_k=dok if ok is None else ok, **kw)
+
+
+def test_error_offsets_not_starting_at_zero():
+    q, k, v, oq, ok = make(tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"seq_offsets\[0\] must be 0"):
+        _call(q, k, v, oq + 1, ok)
+
+
+def test_error_offsets_decreasing():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="non-decreasing"):
+        _call(oq=tf.constant([0, 5, 4, 75, 76], tf.int64))
+
+
+def test_error_offsets_last_not_rows():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must equal the number of rows"):
+        _call(ok=tf.constant([0, 7, 9, 79, 81], tf.int64))
+
+
+def test_error_offsets_lengths_differ():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same length"):
+        _call(ok=tf.constant([0, 80], tf.int64))
+
+
+def test_error_sequence_longer_than_max_seq_len():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="length 70 > max_seq_len = 60"):
+        _call(max_seq_len=60, attn_bias=None)
+
+
+def test_error_key_sequence_longer_than_max_seq_len_k():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="> max_seq_len_k = 60"):
+        _call(max_seq_len_k=60)
+
+
+def test_error_more_queries_than_keys():
+    q, k, v, oq, ok = make(tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more queries"):
+        _call(q, k[:-1], v[:-1], oq, tf.constant([0, 5, 5, 75, 75], tf.int64))
+
+
+def test_error_heads_not_divisible():
+    q, k, v, _, _ = make(tf.float32, nq=3, nk=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="multiple of the number of key"):
+        _call(q, k, v)
+
+
+def test_error_head_dims_differ():
+    q, _, _, _, _ = make(tf.float32, dqk=5)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="head dim|Dimension"):
+        _call(q=q)
+
+
+def test_error_k_v_rows_differ():
+    _, _, v, _, _ = make(tf.float32, lens_q=[1, 2])
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="same rows|Dimension"):
+        _call(v=v)
+
+
+def test_error_wrong_rank():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="rank"):
+        _call(q=tf.zeros([76, 32]))
+
+
+def test_error_bias_shape():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="attn_bias must have shape"):
+        _call(attn_bias=tf.zeros([4, 1, MAX_Q, MAX_K]))
+
+
+def test_error_mask_shape():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="mask must have shape"):
+        _call(mask_type="custom", mask=tf.zeros([4, 4, MAX_Q, 3]))
+
+
+def test_error_custom_mask_missing():
+    with pytest.raises(ValueError, match="needs a mask"):
+        _call(mask_type="custom")
+
+
+def test_error_mask_without_custom():
+    with pytest.raises(ValueError, match="use 'custom'"):
+        _call(mask=plane(tf.float32))
+
+
+def test_error_upper_triangular_rejected():
+    with pytest.raises(ValueError, match="not supported"):
+        _call(mask_type="upper triangular")
+
+
+def test_error_unknown_mask_type():
+    with pytest.raises(ValueError, match="mask_type must be one of"):
+        _call(mask_type="diagonal")
+
+
+def test_error_counts_length():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one entry per sequence"):
+        _call(num_context=[1, 0])
+
+
+def test_error_negative_count():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"num_target\[2\] = -1"):
+        _call(num_target=[0, 0, -1, 0])
+
+
+def test_error_context_plus_target_too_long():
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"num_context\[0\] \+ num_target\[0\] = 4 \+ 2"):
+        _call(num_context=[4, 0, 0, 0], num_target=[2, 0, 0, 0])
+
+
+def test_error_counts_need_causal():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="need mask_type 'causal'"):
+        _call(num_target=[1, 0, 1, 0], mask_type="none")
+
+
+def test_error_negative_target_group_size():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="target_group_size"):
+        _call(target_group_size=-1)
+
+
+def test_error_bad_window():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="window_left"):
+        _call(window_size=(-2, 0))
+
+
+def test_error_grad_shape():
+    q, k, v, oq, ok = make(tf.float32)
+    from recops_tf import _loader
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="grad must have shape"):
+        _loader.load().recops_hstu_dense_backward(
+            tf.zeros([3, 4, 6]), q, k, v, oq, ok, tf.zeros([0], tf.int64),
+            tf.zeros([0], tf.int64), tf.zeros([0]), tf.zeros([0]), max_seq_len=MAX_Q,
+            max_seq_len_k=MAX_K)
