@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/common/dtypes.h"
 #include "kernels/common/microkernels.h"
 
 namespace recops {
@@ -99,12 +100,6 @@ inline bool HstuTileFullyVisible(const HstuProblem& p, const HstuSeq& s, int64_t
   return true;
 }
 
-// Rounds an accumulator value to the input dtype T (a no-op for float32 / float64).
-template <typename T, typename Acc>
-RECOPS_INLINE Acc RoundTo(Acc x) {
-  return static_cast<Acc>(static_cast<T>(x));
-}
-
 template <typename T>
 struct HstuTensors {
   const T* q = nullptr;
@@ -131,31 +126,30 @@ struct HstuItem {
 // (visible tiles), most expensive first.
 std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side);
 
-template <typename T, typename Acc>
-struct HstuTile {
-  // Per-item scratch buffers, allocated once per item.
-  explicit HstuTile(const HstuProblem& p)
-      : q(kTileQ * p.dim_qk), kt(p.dim_qk * kTileK), kb(kTileK * p.dim_qk),
-        vb(kTileK * p.dim_v), vt(p.dim_v * kTileK), dout(kTileQ * p.dim_v),
-        s(kTileQ * kTileK), dp(kTileQ * kTileK), pt(kTileK * kTileQ), dst(kTileK * kTileQ),
-        z(kTileK), m(kTileK) {}
-  std::vector<Acc> q, kt, kb, vb, vt, dout, s, dp, pt, dst, z, m;
+// The operands of the tiles in the accumulation type, prepared once per op call (for float32
+// inputs q, k, v, dO are the inputs themselves): tiles are then strided views, never copies.
+template <typename Acc>
+struct HstuOperands {
+  const Acc* q = nullptr;     // [Tq, Nq, Dqk]
+  const Acc* k = nullptr;     // [Tk, Nk, Dqk]
+  const Acc* v = nullptr;     // [Tk, Nk, Dv]
+  // K and V transposed in key tiles: [Nk, num_tiles, dim, kTileK], tile t of sequence b
+  // holding its keys [64 t', 64 t' + 64) with t = tile_base[b] + t'. A tile's Kᵀ is then one
+  // contiguous [dim x 64] block (ld 64) instead of 64 rows strided by the whole key count.
+  const Acc* kt = nullptr;
+  const Acc* vt = nullptr;  // (backward)
+  const Acc* dout = nullptr;  // [Tq, Nq, Dv] (backward)
+  const int64_t* tile_base = nullptr;  // [B]
+  int64_t num_tiles = 0;
 };
 
-// Loads rows [r0, r0 + n) of head `head` of a [rows, heads, dim] tensor into a row-major
-// [n, dim] Acc tile (transposed: [dim, ld] when `transpose`).
-template <typename T, typename Acc>
-RECOPS_INLINE void LoadRows(const T* base, int64_t heads, int64_t head, int64_t dim, int64_t r0,
-                            int64_t n, Acc* tile, bool transpose, int64_t ld) {
-  for (int64_t r = 0; r < n; ++r) {
-    const T* src = base + ((r0 + r) * heads + head) * dim;
-    if (transpose) {
-      for (int64_t d = 0; d < dim; ++d) tile[d * ld + r] = static_cast<Acc>(src[d]);
-    } else {
-      for (int64_t d = 0; d < dim; ++d) tile[r * dim + d] = static_cast<Acc>(src[d]);
-    }
-  }
-}
+template <typename Acc>
+struct HstuScratch {
+  HstuScratch()
+      : s(kTileQ * kTileK), dp(kTileQ * kTileK), pt(kTileK * kTileQ), dst(kTileK * kTileQ),
+        z(kTileK), m(kTileK) {}
+  std::vector<Acc> s, dp, pt, dst, z, m;
+};
 
 // Mask factors (scale · mask value · visibility) for row i of a tile, columns j0..j0+nk.
 template <typename T, typename Acc>
@@ -166,15 +160,18 @@ RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const 
   const T* mask_row = p.mask_type == HstuMask::kCustom
                           ? t.mask + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0
                           : nullptr;
-  for (int64_t c = 0; c < nk; ++c) {
-    Acc v = full || HstuVisible(p, s, i, j0 + c) ? scale : Acc(0);
-    if (mask_row) v *= static_cast<Acc>(mask_row[c]);
-    m[c] = v;
+  if (full) {
+    for (int64_t c = 0; c < nk; ++c) m[c] = scale;
+  } else {
+    for (int64_t c = 0; c < nk; ++c) m[c] = HstuVisible(p, s, i, j0 + c) ? scale : Acc(0);
+  }
+  if (mask_row) {
+    for (int64_t c = 0; c < nk; ++c) m[c] *= ToAcc<T, Acc>(mask_row[c]);
   }
 }
 
-// Scores of one tile -> P (forward, in place in `s`), and with `dp` given, dS (in place in
-// `dp`, where dp holds dO·Vᵀ on entry). z and m are row scratch.
+// Scores of one tile -> P (in place in `sc`), and with `dp` given, dS (in place in `dp`,
+// which holds dO·Vᵀ on entry). Rounding to T where the spec's kernels round.
 template <typename T, typename Acc>
 RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
                              int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
@@ -185,52 +182,25 @@ RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, cons
     const int64_t i = i0 + r;
     Acc* srow = sc + r * kTileK;
     MaskRow<T, Acc>(p, t, s, b, h, i, j0, nk, full, m);
-    const T* bias_row =
-        p.has_bias ? t.bias + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0 : nullptr;
-    for (int64_t c = 0; c < nk; ++c) {
-      Acc v = RoundTo<T>(srow[c]);
-      if (bias_row) v += static_cast<Acc>(bias_row[c]);
-      z[c] = alpha * v;
+    if (p.has_bias) {
+      const T* bias_row = t.bias + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0;
+      for (int64_t c = 0; c < nk; ++c) {
+        z[c] = alpha * (RoundTo<T, Acc>(srow[c]) + ToAcc<T, Acc>(bias_row[c]));
+      }
+    } else {
+      for (int64_t c = 0; c < nk; ++c) z[c] = alpha * RoundTo<T, Acc>(srow[c]);
     }
     if (dp == nullptr) {
-      for (int64_t c = 0; c < nk; ++c) srow[c] = RoundTo<T>(z[c] * Sigmoid(z[c]) * m[c]);
+      for (int64_t c = 0; c < nk; ++c) srow[c] = RoundTo<T, Acc>(z[c] * Sigmoid(z[c]) * m[c]);
     } else {
       Acc* dprow = dp + r * kTileK;
       for (int64_t c = 0; c < nk; ++c) {
         const Acc sig = Sigmoid(z[c]);
-        srow[c] = RoundTo<T>(z[c] * sig * m[c]);
+        srow[c] = RoundTo<T, Acc>(z[c] * sig * m[c]);
         const Acc dsilu = sig * (Acc(1) + z[c] * (Acc(1) - sig));
-        dprow[c] = RoundTo<T>(alpha * m[c] * dsilu * RoundTo<T>(dprow[c]));
+        dprow[c] = RoundTo<T, Acc>(alpha * m[c] * dsilu * RoundTo<T, Acc>(dprow[c]));
       }
     }
-  }
-}
-
-// Forward: output rows [row0, row0 + kTileQ) of query head h of sequence b.
-template <typename T, typename Acc>
-RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t,
-                                   const HstuItem& item) {
-  const HstuSeq s = SeqOf(p, item.b);
-  const int64_t h = item.h, kv = h / (p.heads_q / p.heads_k);
-  const int64_t i0 = item.row0, mq = std::min(kTileQ, s.lq - i0);
-  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
-  HstuTile<T, Acc> w(p);
-  std::vector<Acc> o(mq * p.dim_v, Acc(0));
-  LoadRows<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, w.q.data(), false, 0);
-  for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
-    const int64_t nk = std::min(kTileK, s.lk - j0);
-    if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-    LoadRows<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j0, nk, w.kt.data(), true, kTileK);
-    LoadRows<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j0, nk, w.vb.data(), false, 0);
-    std::fill(w.s.begin(), w.s.end(), Acc(0));
-    GemmAcc<Acc>(mq, nk, p.dim_qk, w.q.data(), p.dim_qk, w.kt.data(), kTileK, w.s.data(), kTileK);
-    ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), nullptr, w.z.data(),
-                      w.m.data());
-    GemmAcc<Acc>(mq, p.dim_v, nk, w.s.data(), kTileK, w.vb.data(), p.dim_v, o.data(), p.dim_v);
-  }
-  for (int64_t r = 0; r < mq; ++r) {
-    T* dst = t.out + ((oq + i0 + r) * p.heads_q + h) * p.dim_v;
-    for (int64_t e = 0; e < p.dim_v; ++e) dst[e] = static_cast<T>(o[r * p.dim_v + e]);
   }
 }
 
@@ -242,87 +212,124 @@ RECOPS_INLINE void TransposeTile(const Acc* src, int64_t rows, int64_t cols, Acc
   }
 }
 
+// S tile = Q rows [i0, i0+mq) of head h times Kᵀ columns [j0, j0+nk) of kv head kv.
+template <typename Acc, int R>
+RECOPS_INLINE void ScoresQK(const HstuProblem& p, const HstuOperands<Acc>& a, int64_t q_row,
+                            int64_t h, int64_t mq, int64_t k_tile, int64_t kv, int64_t nk,
+                            Acc* s) {
+  std::fill(s, s + kTileQ * kTileK, Acc(0));
+  GemmAcc<Acc, R>(mq, nk, p.dim_qk, a.q + (q_row * p.heads_q + h) * p.dim_qk,
+                  p.heads_q * p.dim_qk, a.kt + (kv * a.num_tiles + k_tile) * p.dim_qk * kTileK,
+                  kTileK, s, kTileK);
+}
+
+// dP tile = dO rows of head h times Vᵀ columns of kv head kv.
+template <typename Acc, int R>
+RECOPS_INLINE void ScoresDoV(const HstuProblem& p, const HstuOperands<Acc>& a, int64_t q_row,
+                             int64_t h, int64_t mq, int64_t k_tile, int64_t kv, int64_t nk,
+                             Acc* dp) {
+  std::fill(dp, dp + kTileQ * kTileK, Acc(0));
+  GemmAcc<Acc, R>(mq, nk, p.dim_v, a.dout + (q_row * p.heads_q + h) * p.dim_v,
+                  p.heads_q * p.dim_v, a.vt + (kv * a.num_tiles + k_tile) * p.dim_v * kTileK,
+                  kTileK, dp, kTileK);
+}
+
+// Forward: output rows [row0, row0 + kTileQ) of query head h of sequence b.
+template <typename T, typename Acc, int R>
+RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t,
+                                   const HstuOperands<Acc>& a, const HstuItem& item) {
+  const HstuSeq s = SeqOf(p, item.b);
+  const int64_t h = item.h, kv = h / (p.heads_q / p.heads_k);
+  const int64_t i0 = item.row0, mq = std::min(kTileQ, s.lq - i0);
+  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
+  HstuScratch<Acc> w;
+  std::vector<Acc> o(mq * p.dim_v, Acc(0));
+  for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
+    const int64_t nk = std::min(kTileK, s.lk - j0);
+    if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+    ScoresQK<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
+    ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), nullptr, w.z.data(),
+                      w.m.data());
+    GemmAcc<Acc, R>(mq, p.dim_v, nk, w.s.data(), kTileK,
+                    a.v + ((ok + j0) * p.heads_k + kv) * p.dim_v, p.heads_k * p.dim_v, o.data(),
+                    p.dim_v);
+  }
+  for (int64_t r = 0; r < mq; ++r) {
+    T* dst = t.out + ((oq + i0 + r) * p.heads_q + h) * p.dim_v;
+    for (int64_t e = 0; e < p.dim_v; ++e) dst[e] = FromAcc<T, Acc>(o[r * p.dim_v + e]);
+  }
+}
+
 // Backward, key side: dK and dV of key rows [row0, row0 + kTileK) of kv head item.h, summed
 // over the query heads of its group and all query blocks (no other item writes them).
-template <typename T, typename Acc>
+template <typename T, typename Acc, int R>
 RECOPS_INLINE void HstuBackwardKvItem(const HstuProblem& p, const HstuTensors<T>& t,
-                                      const HstuItem& item) {
+                                      const HstuOperands<Acc>& a, const HstuItem& item) {
   const HstuSeq s = SeqOf(p, item.b);
   const int64_t kv = item.h, group = p.heads_q / p.heads_k;
   const int64_t j0 = item.row0, nk = std::min(kTileK, s.lk - j0);
   const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
-  HstuTile<T, Acc> w(p);
+  HstuScratch<Acc> w;
   std::vector<Acc> dk(nk * p.dim_qk, Acc(0)), dv(nk * p.dim_v, Acc(0));
-  LoadRows<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j0, nk, w.kt.data(), true, kTileK);
-  LoadRows<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j0, nk, w.vt.data(), true, kTileK);
   for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
     for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
       const int64_t mq = std::min(kTileQ, s.lq - i0);
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      LoadRows<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, w.q.data(), false, 0);
-      LoadRows<T, Acc>(t.grad, p.heads_q, h, p.dim_v, oq + i0, mq, w.dout.data(), false, 0);
-      std::fill(w.s.begin(), w.s.end(), Acc(0));
-      std::fill(w.dp.begin(), w.dp.end(), Acc(0));
-      GemmAcc<Acc>(mq, nk, p.dim_qk, w.q.data(), p.dim_qk, w.kt.data(), kTileK, w.s.data(),
-                   kTileK);
-      GemmAcc<Acc>(mq, nk, p.dim_v, w.dout.data(), p.dim_v, w.vt.data(), kTileK, w.dp.data(),
-                   kTileK);
+      ScoresQK<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
+      ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
+                        w.dp.data());
       ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
                         w.m.data());
       TransposeTile(w.s.data(), mq, nk, w.pt.data());
       TransposeTile(w.dp.data(), mq, nk, w.dst.data());
-      GemmAcc<Acc>(nk, p.dim_v, mq, w.pt.data(), kTileQ, w.dout.data(), p.dim_v, dv.data(),
-                   p.dim_v);
-      GemmAcc<Acc>(nk, p.dim_qk, mq, w.dst.data(), kTileQ, w.q.data(), p.dim_qk, dk.data(),
-                   p.dim_qk);
+      GemmAcc<Acc, R>(nk, p.dim_v, mq, w.pt.data(), kTileQ,
+                      a.dout + ((oq + i0) * p.heads_q + h) * p.dim_v, p.heads_q * p.dim_v,
+                      dv.data(), p.dim_v);
+      GemmAcc<Acc, R>(nk, p.dim_qk, mq, w.dst.data(), kTileQ,
+                      a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk,
+                      dk.data(), p.dim_qk);
     }
   }
   for (int64_t r = 0; r < nk; ++r) {
     T* dkr = t.dk + ((ok + j0 + r) * p.heads_k + kv) * p.dim_qk;
     T* dvr = t.dv + ((ok + j0 + r) * p.heads_k + kv) * p.dim_v;
-    for (int64_t d = 0; d < p.dim_qk; ++d) dkr[d] = static_cast<T>(dk[r * p.dim_qk + d]);
-    for (int64_t e = 0; e < p.dim_v; ++e) dvr[e] = static_cast<T>(dv[r * p.dim_v + e]);
+    for (int64_t d = 0; d < p.dim_qk; ++d) dkr[d] = FromAcc<T, Acc>(dk[r * p.dim_qk + d]);
+    for (int64_t e = 0; e < p.dim_v; ++e) dvr[e] = FromAcc<T, Acc>(dv[r * p.dim_v + e]);
   }
 }
 
 // Backward, query side: dQ of query rows [row0, row0 + kTileQ) of head item.h, and the bias
 // gradient (= dS) of those rows.
-template <typename T, typename Acc>
+template <typename T, typename Acc, int R>
 RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>& t,
-                                     const HstuItem& item) {
+                                     const HstuOperands<Acc>& a, const HstuItem& item) {
   const HstuSeq s = SeqOf(p, item.b);
   const int64_t h = item.h, kv = h / (p.heads_q / p.heads_k);
   const int64_t i0 = item.row0, mq = std::min(kTileQ, s.lq - i0);
   const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
-  HstuTile<T, Acc> w(p);
+  HstuScratch<Acc> w;
   std::vector<Acc> dq(mq * p.dim_qk, Acc(0));
-  LoadRows<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, w.q.data(), false, 0);
-  LoadRows<T, Acc>(t.grad, p.heads_q, h, p.dim_v, oq + i0, mq, w.dout.data(), false, 0);
   for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
     const int64_t nk = std::min(kTileK, s.lk - j0);
     if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-    LoadRows<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j0, nk, w.kt.data(), true, kTileK);
-    LoadRows<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j0, nk, w.kb.data(), false, 0);
-    LoadRows<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j0, nk, w.vt.data(), true, kTileK);
-    std::fill(w.s.begin(), w.s.end(), Acc(0));
-    std::fill(w.dp.begin(), w.dp.end(), Acc(0));
-    GemmAcc<Acc>(mq, nk, p.dim_qk, w.q.data(), p.dim_qk, w.kt.data(), kTileK, w.s.data(), kTileK);
-    GemmAcc<Acc>(mq, nk, p.dim_v, w.dout.data(), p.dim_v, w.vt.data(), kTileK, w.dp.data(),
-                 kTileK);
+    ScoresQK<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
+    ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
+                        w.dp.data());
     ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
                       w.m.data());
-    GemmAcc<Acc>(mq, p.dim_qk, nk, w.dp.data(), kTileK, w.kb.data(), p.dim_qk, dq.data(),
-                 p.dim_qk);
+    GemmAcc<Acc, R>(mq, p.dim_qk, nk, w.dp.data(), kTileK,
+                    a.k + ((ok + j0) * p.heads_k + kv) * p.dim_qk, p.heads_k * p.dim_qk,
+                    dq.data(), p.dim_qk);
     if (p.has_bias) {
       for (int64_t r = 0; r < mq; ++r) {
         T* row = t.dbias + ((item.b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
-        for (int64_t c = 0; c < nk; ++c) row[c] = static_cast<T>(w.dp[r * kTileK + c]);
+        for (int64_t c = 0; c < nk; ++c) row[c] = FromAcc<T, Acc>(w.dp[r * kTileK + c]);
       }
     }
   }
   for (int64_t r = 0; r < mq; ++r) {
     T* dst = t.dq + ((oq + i0 + r) * p.heads_q + h) * p.dim_qk;
-    for (int64_t d = 0; d < p.dim_qk; ++d) dst[d] = static_cast<T>(dq[r * p.dim_qk + d]);
+    for (int64_t d = 0; d < p.dim_qk; ++d) dst[d] = FromAcc<T, Acc>(dq[r * p.dim_qk + d]);
   }
 }
 

@@ -1,9 +1,12 @@
 // Kernels of stem hstu_dense: validation, work lists, and dispatch to the tiled work items
 // (compiled for AVX-512, AVX2 and baseline x86-64, picked at load time).
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/dtypes.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
 #include "kernels/hstu_dense.h"
@@ -20,25 +23,125 @@ using tensorflow::TensorShape;
 
 namespace {
 
-// Non-template entry points per dtype, so that each can be multiversioned.
-#define RECOPS_HSTU_ENTRIES(T, Acc)                                                            \
-  RECOPS_MULTIVERSION void ForwardItem(const HstuProblem& p, const HstuTensors<T>& t,         \
-                                       const HstuItem& item) {                                \
-    HstuForwardItem<T, Acc>(p, t, item);                                                      \
+// The work items compiled for AVX-512 (8-row register blocks), AVX2 + FMA (4-row blocks) and
+// baseline x86-64, one set per dtype; the best the CPU supports is picked once at run time.
+template <typename T>
+struct HstuEntries {
+  using Acc = AccumT<T>;
+  using Fn = void (*)(const HstuProblem&, const HstuTensors<T>&, const HstuOperands<Acc>&,
+                      const HstuItem&);
+  Fn forward, backward_kv, backward_q;
+};
+
+#define RECOPS_HSTU_SET(T, Acc, NAME, ATTR, R)                                                \
+  ATTR void NAME##Forward(const HstuProblem& p, const HstuTensors<T>& t,                     \
+                          const HstuOperands<Acc>& a, const HstuItem& i) {                   \
+    HstuForwardItem<T, Acc, R>(p, t, a, i);                                                   \
   }                                                                                           \
-  RECOPS_MULTIVERSION void BackwardKvItem(const HstuProblem& p, const HstuTensors<T>& t,      \
-                                          const HstuItem& item) {                             \
-    HstuBackwardKvItem<T, Acc>(p, t, item);                                                   \
+  ATTR void NAME##BackwardKv(const HstuProblem& p, const HstuTensors<T>& t,                   \
+                             const HstuOperands<Acc>& a, const HstuItem& i) {                 \
+    HstuBackwardKvItem<T, Acc, R>(p, t, a, i);                                                \
   }                                                                                           \
-  RECOPS_MULTIVERSION void BackwardQItem(const HstuProblem& p, const HstuTensors<T>& t,       \
-                                         const HstuItem& item) {                              \
-    HstuBackwardQItem<T, Acc>(p, t, item);                                                    \
+  ATTR void NAME##BackwardQ(const HstuProblem& p, const HstuTensors<T>& t,                    \
+                            const HstuOperands<Acc>& a, const HstuItem& i) {                  \
+    HstuBackwardQItem<T, Acc, R>(p, t, a, i);                                                 \
   }
-RECOPS_HSTU_ENTRIES(float, float)
-RECOPS_HSTU_ENTRIES(Eigen::half, float)
-RECOPS_HSTU_ENTRIES(Eigen::bfloat16, float)
-RECOPS_HSTU_ENTRIES(double, double)
-#undef RECOPS_HSTU_ENTRIES
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RECOPS_HSTU_SETS(T, Acc, TAG)                                                         \
+  RECOPS_HSTU_SET(T, Acc, TAG##Avx512, __attribute__((target("arch=x86-64-v4"))), 8)          \
+  RECOPS_HSTU_SET(T, Acc, TAG##Avx2, __attribute__((target("arch=x86-64-v3"))), 4)            \
+  RECOPS_HSTU_SET(T, Acc, TAG##Base, , 4)                                                     \
+  const HstuEntries<T>& Entries(const T*) {                                                   \
+    static const HstuEntries<T> entries = [] {                                                \
+      __builtin_cpu_init();                                                                   \
+      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&          \
+          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {         \
+        return HstuEntries<T>{TAG##Avx512Forward, TAG##Avx512BackwardKv, TAG##Avx512BackwardQ}; \
+      }                                                                                       \
+      if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {                  \
+        return HstuEntries<T>{TAG##Avx2Forward, TAG##Avx2BackwardKv, TAG##Avx2BackwardQ};     \
+      }                                                                                       \
+      return HstuEntries<T>{TAG##BaseForward, TAG##BaseBackwardKv, TAG##BaseBackwardQ};       \
+    }();                                                                                      \
+    return entries;                                                                           \
+  }
+#else
+#define RECOPS_HSTU_SETS(T, Acc, TAG)                                                         \
+  RECOPS_HSTU_SET(T, Acc, TAG##Base, , 4)                                                     \
+  const HstuEntries<T>& Entries(const T*) {                                                   \
+    static const HstuEntries<T> entries{TAG##BaseForward, TAG##BaseBackwardKv,                \
+                                        TAG##BaseBackwardQ};                                  \
+    return entries;                                                                           \
+  }
+#endif
+RECOPS_HSTU_SETS(float, float, F32)
+RECOPS_HSTU_SETS(Eigen::half, float, F16)
+RECOPS_HSTU_SETS(Eigen::bfloat16, float, Bf16)
+RECOPS_HSTU_SETS(double, double, F64)
+#undef RECOPS_HSTU_SETS
+#undef RECOPS_HSTU_SET
+
+// `x` ([rows, heads, dim]) in the accumulation type: the input itself when T is Acc, else a
+// converted copy in `storage`.
+// Uninitialised scratch (no zero-fill pass: every element is written before it is read).
+template <typename Acc>
+using Scratch = std::unique_ptr<Acc[]>;
+
+template <typename T, typename Acc>
+const Acc* AsAcc(OpKernelContext* ctx, const Tensor& x, Scratch<Acc>* storage) {
+  const T* src = x.flat<T>().data();
+  if constexpr (std::is_same_v<T, Acc>) {
+    return src;
+  } else {
+    storage->reset(new Acc[x.NumElements()]);
+    Acc* dst = storage->get();
+    ParallelFor(ctx, x.NumElements(), 4, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = ToAcc<T, Acc>(src[i]);
+    });
+    return dst;
+  }
+}
+
+// Key tiles of every sequence: tile_base[b] = tiles before sequence b (of kTileK keys each).
+int64_t KeyTiles(const HstuProblem& p, std::vector<int64_t>* tile_base) {
+  tile_base->resize(p.batch);
+  int64_t tiles = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    (*tile_base)[b] = tiles;
+    tiles += (p.off_k[b + 1] - p.off_k[b] + kTileK - 1) / kTileK;
+  }
+  return tiles;
+}
+
+// x [Tk, heads, dim] -> [heads, tiles, dim, kTileK] (see HstuOperands::kt); padding is zero.
+template <typename Acc>
+const Acc* TileTranspose(OpKernelContext* ctx, const HstuProblem& p, const Acc* x,
+                         int64_t heads, int64_t dim, const std::vector<int64_t>& tile_base,
+                         int64_t tiles, Scratch<Acc>* storage) {
+  const int64_t size = heads * tiles * dim * kTileK;
+  storage->reset(new Acc[size]);
+  Acc* out = storage->get();
+  ParallelFor(ctx, p.batch, (p.off_k[p.batch] / std::max<int64_t>(p.batch, 1) + 1) * heads * dim,
+              [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t ok = p.off_k[b], lk = p.off_k[b + 1] - ok;
+      const int64_t n_tiles = (lk + kTileK - 1) / kTileK;
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t t = 0; t < n_tiles; ++t) {
+          Acc* tile = out + ((h * tiles + tile_base[b] + t) * dim) * kTileK;
+          std::fill(tile, tile + dim * kTileK, Acc(0));
+          const int64_t rows = std::min(kTileK, lk - t * kTileK);
+          for (int64_t r = 0; r < rows; ++r) {
+            const Acc* src = x + ((ok + t * kTileK + r) * heads + h) * dim;
+            for (int64_t d = 0; d < dim; ++d) tile[d * kTileK + r] = src[d];
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
 
 // Attributes and validated inputs shared by the forward and backward kernels. Input indices
 // are those of the forward op; the backward's are shifted by one (grad comes first).
@@ -208,7 +311,18 @@ class HstuDenseForwardOp : public HstuBase {
     t.bias = Ptr<T>(ctx->input(8));
     t.out = out->flat<T>().data();
     const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false);
-    ParallelForDynamic(ctx, items.size(), [&](int64_t i) { ForwardItem(p, t, items[i]); });
+    using Acc = AccumT<T>;
+    Scratch<Acc> q_buf, k_buf, v_buf, kt_buf;
+    HstuOperands<Acc> a;
+    a.q = AsAcc<T, Acc>(ctx, ctx->input(0), &q_buf);
+    a.k = AsAcc<T, Acc>(ctx, ctx->input(1), &k_buf);
+    a.v = AsAcc<T, Acc>(ctx, ctx->input(2), &v_buf);
+    std::vector<int64_t> tile_base;
+    a.num_tiles = KeyTiles(p, &tile_base);
+    a.tile_base = tile_base.data();
+    a.kt = TileTranspose(ctx, p, a.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles, &kt_buf);
+    const auto forward = Entries(t.q).forward;
+    ParallelForDynamic(ctx, items.size(), [&](int64_t i) { forward(p, t, a, items[i]); });
   }
 };
 
@@ -249,11 +363,25 @@ class HstuDenseBackwardOp : public HstuBase {
     dv->flat<T>().setZero();
     dq->flat<T>().setZero();
     if (p.has_bias) dbias->flat<T>().setZero();
+    using Acc = AccumT<T>;
+    Scratch<Acc> q_buf, k_buf, v_buf, do_buf, kt_buf, vt_buf;
+    HstuOperands<Acc> a;
+    a.dout = AsAcc<T, Acc>(ctx, grad, &do_buf);
+    a.q = AsAcc<T, Acc>(ctx, q, &q_buf);
+    a.k = AsAcc<T, Acc>(ctx, ctx->input(2), &k_buf);
+    a.v = AsAcc<T, Acc>(ctx, ctx->input(3), &v_buf);
+    std::vector<int64_t> tile_base;
+    a.num_tiles = KeyTiles(p, &tile_base);
+    a.tile_base = tile_base.data();
+    a.kt = TileTranspose(ctx, p, a.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles, &kt_buf);
+    a.vt = TileTranspose(ctx, p, a.v, p.heads_k, p.dim_v, tile_base, a.num_tiles, &vt_buf);
+    const HstuEntries<T>& entries = Entries(t.q);
     const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true);
     ParallelForDynamic(ctx, kv_items.size(),
-                       [&](int64_t i) { BackwardKvItem(p, t, kv_items[i]); });
+                       [&](int64_t i) { entries.backward_kv(p, t, a, kv_items[i]); });
     const std::vector<HstuItem> q_items = HstuWorkItems(p, /*kv_side=*/false);
-    ParallelForDynamic(ctx, q_items.size(), [&](int64_t i) { BackwardQItem(p, t, q_items[i]); });
+    ParallelForDynamic(ctx, q_items.size(),
+                       [&](int64_t i) { entries.backward_q(p, t, a, q_items[i]); });
   }
 };
 

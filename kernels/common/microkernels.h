@@ -43,8 +43,10 @@ RECOPS_INLINE void StoreVec(Acc* p, const V& v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
-// C[M x N] += A[M x K] * B[K x N]; row-major with leading dimensions lda, ldb, ldc.
-template <typename Acc>
+// C[M x N] += A[M x K] * B[K x N]; row-major with leading dimensions lda, ldb, ldc. The main
+// block keeps R rows x 2 vectors of C in registers (R = 8 fits AVX-512's 32 registers, R = 4
+// the 16 of AVX2).
+template <typename Acc, int R = 4>
 RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* A, int64_t lda,
                            const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
   using V = typename Vec<Acc>::type;
@@ -52,21 +54,21 @@ RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* A, int64_
   int64_t n0 = 0;
   for (; n0 + 2 * W <= N; n0 += 2 * W) {
     int64_t i = 0;
-    for (; i + 4 <= M; i += 4) {
-      V c[4][2];
-      for (int r = 0; r < 4; ++r) {
+    for (; i + R <= M; i += R) {
+      V c[R][2];
+      for (int r = 0; r < R; ++r) {
         c[r][0] = LoadVec<V>(C + (i + r) * ldc + n0);
         c[r][1] = LoadVec<V>(C + (i + r) * ldc + n0 + W);
       }
       for (int64_t k = 0; k < K; ++k) {
         const V b0 = LoadVec<V>(B + k * ldb + n0), b1 = LoadVec<V>(B + k * ldb + n0 + W);
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < R; ++r) {
           const Acc a = A[(i + r) * lda + k];
           c[r][0] += a * b0;
           c[r][1] += a * b1;
         }
       }
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < R; ++r) {
         StoreVec(C + (i + r) * ldc + n0, c[r][0]);
         StoreVec(C + (i + r) * ldc + n0 + W, c[r][1]);
       }
