@@ -1,5 +1,6 @@
 // Kernels of stem hstu_dense: validation, work lists, and dispatch to the tiled work items
 // (compiled for AVX-512, AVX2 and baseline x86-64, picked at load time).
+#include <array>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -152,24 +153,33 @@ class HstuBase : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_seq_len_k", &max_k_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("alpha", &alpha_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("silu_scale", &silu_scale_));
-    std::string mask_type;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_type", &mask_type));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("target_group_size", &group_));
+    // The paged op has no mask / window / bias attributes: causal, unbounded, none.
+    std::string mask_type = "causal";
+    if (ctx->HasAttr("mask_type")) OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_type", &mask_type));
     mask_type_ = mask_type == "causal" ? HstuMask::kCausal
                  : mask_type == "none" ? HstuMask::kNone
                                        : HstuMask::kCustom;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("target_group_size", &group_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("window_left", &window_left_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("window_right", &window_right_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("has_bias", &has_bias_));
+    if (ctx->HasAttr("window_left")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("window_left", &window_left_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("window_right", &window_right_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("has_bias", &has_bias_));
+    }
   }
 
  protected:
   // Validates inputs first..first+8 (q, k, v, offsets_q, offsets_k, num_context, num_target,
   // mask, attn_bias) and fills problem_ (pointing into the vectors below).
   absl::Status Prepare(OpKernelContext* ctx, int first) {
-    const Tensor& q = ctx->input(first);
-    const Tensor& k = ctx->input(first + 1);
-    const Tensor& v = ctx->input(first + 2);
+    std::array<const Tensor*, 9> in;
+    for (int i = 0; i < 9; ++i) in[i] = &ctx->input(first + i);
+    return Prepare(in);
+  }
+
+  absl::Status Prepare(const std::array<const Tensor*, 9>& in) {
+    const Tensor& q = *in[0];
+    const Tensor& k = *in[1];
+    const Tensor& v = *in[2];
     TF_RETURN_IF_ERROR(CheckRank(q, "q", 3));
     TF_RETURN_IF_ERROR(CheckRank(k, "k", 3));
     TF_RETURN_IF_ERROR(CheckRank(v, "v", 3));
@@ -192,9 +202,9 @@ class HstuBase : public OpKernel {
           "the number of query heads (", p.heads_q,
           ") must be a positive multiple of the number of key/value heads (", p.heads_k, ")"));
     }
-    TF_RETURN_IF_ERROR(ReadOffsets(ctx->input(first + 3), "seq_offsets", q.dim_size(0), &off_q_));
+    TF_RETURN_IF_ERROR(ReadOffsets(*in[3], "seq_offsets", q.dim_size(0), &off_q_));
     TF_RETURN_IF_ERROR(
-        ReadOffsets(ctx->input(first + 4), "seq_offsets_k", k.dim_size(0), &off_k_));
+        ReadOffsets(*in[4], "seq_offsets_k", k.dim_size(0), &off_k_));
     if (off_q_.size() != off_k_.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "seq_offsets and seq_offsets_k must have the same length, got ", off_q_.size(),
@@ -219,8 +229,8 @@ class HstuBase : public OpKernel {
             "): queries are the last positions of the key sequence"));
       }
     }
-    TF_RETURN_IF_ERROR(ReadCounts(ctx->input(first + 5), "num_context", &ctx_));
-    TF_RETURN_IF_ERROR(ReadCounts(ctx->input(first + 6), "num_target", &tgt_));
+    TF_RETURN_IF_ERROR(ReadCounts(*in[5], "num_context", &ctx_));
+    TF_RETURN_IF_ERROR(ReadCounts(*in[6], "num_target", &tgt_));
     if ((!ctx_.empty() || !tgt_.empty()) && mask_type_ != HstuMask::kCausal) {
       return absl::InvalidArgumentError(
           "num_context / num_target need mask_type 'causal'");
@@ -247,16 +257,16 @@ class HstuBase : public OpKernel {
     p.scale = silu_scale_ == 0.0f ? 1.0f / static_cast<float>(max_q_) : silu_scale_;
     p.has_bias = has_bias_;
     const TensorShape plane({p.batch, p.heads_q, max_q_, max_k_});
-    if (mask_type_ == HstuMask::kCustom && ctx->input(first + 7).shape() != plane) {
+    if (mask_type_ == HstuMask::kCustom && in[7]->shape() != plane) {
       return absl::InvalidArgumentError(absl::StrCat("mask must have shape ", plane.DebugString(),
                                                      " [B, Nq, max_seq_len, max_seq_len_k], got ",
-                                                     ctx->input(first + 7).shape().DebugString()));
+                                                     in[7]->shape().DebugString()));
     }
-    if (has_bias_ && ctx->input(first + 8).shape() != plane) {
+    if (has_bias_ && in[8]->shape() != plane) {
       return absl::InvalidArgumentError(absl::StrCat(
           "attn_bias must have shape ", plane.DebugString(),
           " [B, Nq, max_seq_len, max_seq_len_k], got ",
-          ctx->input(first + 8).shape().DebugString()));
+          in[8]->shape().DebugString()));
     }
     return absl::OkStatus();
   }
@@ -285,11 +295,37 @@ class HstuBase : public OpKernel {
 
   HstuProblem problem_;
   std::vector<int64_t> off_q_, off_k_, ctx_, tgt_;
-  int64_t max_q_, max_k_, group_, window_left_, window_right_;
+  int64_t max_q_, max_k_, group_, window_left_ = -1, window_right_ = -1;
   float alpha_, silu_scale_;
   HstuMask mask_type_;
-  bool has_bias_;
+  bool has_bias_ = false;
 };
+
+// The tiled forward over validated inputs: q, k, v, the custom mask and the bias.
+template <typename T>
+void RunForward(OpKernelContext* ctx, const HstuProblem& p, const Tensor& q, const Tensor& k,
+                const Tensor& v, const Tensor* mask, const Tensor* bias, Tensor* out) {
+  HstuTensors<T> t;
+  t.q = q.flat<T>().data();
+  t.k = k.flat<T>().data();
+  t.v = v.flat<T>().data();
+  t.mask = mask && mask->NumElements() ? mask->flat<T>().data() : nullptr;
+  t.bias = bias && bias->NumElements() ? bias->flat<T>().data() : nullptr;
+  t.out = out->flat<T>().data();
+  using Acc = AccumT<T>;
+  Scratch<Acc> q_buf, k_buf, v_buf, kt_buf;
+  HstuOperands<Acc> a;
+  a.q = AsAcc<T, Acc>(ctx, q, &q_buf);
+  a.k = AsAcc<T, Acc>(ctx, k, &k_buf);
+  a.v = AsAcc<T, Acc>(ctx, v, &v_buf);
+  std::vector<int64_t> tile_base;
+  a.num_tiles = KeyTiles(p, &tile_base);
+  a.tile_base = tile_base.data();
+  a.kt = TileTranspose(ctx, p, a.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles, &kt_buf);
+  const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false);
+  const auto forward = Entries(t.q).forward;
+  ParallelForDynamic(ctx, items.size(), [&](int64_t i) { forward(p, t, a, items[i]); });
+}
 
 template <typename T>
 class HstuDenseForwardOp : public HstuBase {
@@ -303,26 +339,118 @@ class HstuDenseForwardOp : public HstuBase {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({ctx->input(0).dim_size(0), p.heads_q, p.dim_v}),
                             &out));
-    HstuTensors<T> t;
-    t.q = Ptr<T>(ctx->input(0));
-    t.k = Ptr<T>(ctx->input(1));
-    t.v = Ptr<T>(ctx->input(2));
-    t.mask = Ptr<T>(ctx->input(7));
-    t.bias = Ptr<T>(ctx->input(8));
-    t.out = out->flat<T>().data();
-    const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false);
-    using Acc = AccumT<T>;
-    Scratch<Acc> q_buf, k_buf, v_buf, kt_buf;
-    HstuOperands<Acc> a;
-    a.q = AsAcc<T, Acc>(ctx, ctx->input(0), &q_buf);
-    a.k = AsAcc<T, Acc>(ctx, ctx->input(1), &k_buf);
-    a.v = AsAcc<T, Acc>(ctx, ctx->input(2), &v_buf);
-    std::vector<int64_t> tile_base;
-    a.num_tiles = KeyTiles(p, &tile_base);
-    a.tile_base = tile_base.data();
-    a.kt = TileTranspose(ctx, p, a.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles, &kt_buf);
-    const auto forward = Entries(t.q).forward;
-    ParallelForDynamic(ctx, items.size(), [&](int64_t i) { forward(p, t, a, items[i]); });
+    RunForward<T>(ctx, p, ctx->input(0), ctx->input(1), ctx->input(2), &ctx->input(7),
+                  &ctx->input(8), out);
+  }
+};
+
+// Paged KV-cache forward (spec §2.4): the keys of sequence b are its cached pages (all but the
+// last full, the last holding last_page_len rows) followed by the fresh k/v rows of its
+// num_target[b] target tokens (the last rows of the sequence); then the causal HSTU forward
+// with the target-group rule. The effective keys are gathered once (O(T·N·D)) and the shared
+// tiled forward runs on them.
+template <typename T>
+class HstuPagedForwardOp : public HstuBase {
+ public:
+  using HstuBase::HstuBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& q = ctx->input(0);
+    const Tensor& k = ctx->input(1);
+    const Tensor& v = ctx->input(2);
+    const Tensor& cache = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckRank(q, "q", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(k, "k", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(v, "v", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(cache, "kv_cache", 5));
+    const int64_t heads_k = k.dim_size(1), dim = k.dim_size(2);
+    const int64_t num_pages = cache.dim_size(0), page_size = cache.dim_size(2);
+    OP_REQUIRES(ctx, k.dim_size(0) == q.dim_size(0) && v.shape() == k.shape(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "k and v must be [Tq, Nk, D] rows of the same tokens as q, got q ",
+                    q.shape().DebugString(), ", k ", k.shape().DebugString(), ", v ",
+                    v.shape().DebugString())));
+    OP_REQUIRES(ctx,
+                cache.dim_size(1) == 2 && cache.dim_size(3) == heads_k &&
+                    cache.dim_size(4) == dim && page_size >= 1,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "kv_cache must have shape [num_pages, 2, page_size, Nk, D] = [*, 2, *, ",
+                    heads_k, ", ", dim, "], got ", cache.shape().DebugString())));
+    std::vector<int64_t> off_q, page_off, page_ids, last_len, targets;
+    OP_REQUIRES_OK(ctx, ReadOffsets(ctx->input(4), "seq_offsets", q.dim_size(0), &off_q));
+    OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(6), "page_ids", &page_ids));
+    OP_REQUIRES_OK(ctx, ReadOffsets(ctx->input(5), "page_offsets",
+                                    static_cast<int64_t>(page_ids.size()), &page_off));
+    OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(7), "last_page_len", &last_len));
+    OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(8), "num_target", &targets));
+    const int64_t batch = static_cast<int64_t>(off_q.size()) - 1;
+    OP_REQUIRES(ctx,
+                static_cast<int64_t>(page_off.size()) == batch + 1 &&
+                    static_cast<int64_t>(last_len.size()) == batch &&
+                    static_cast<int64_t>(targets.size()) == batch,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "page_offsets must have ", batch + 1, " entries and last_page_len and "
+                    "num_target ", batch, " (one per sequence), got ", page_off.size(), ", ",
+                    last_len.size(), " and ", targets.size())));
+    for (size_t i = 0; i < page_ids.size(); ++i) {
+      OP_REQUIRES(ctx, page_ids[i] >= 0 && page_ids[i] < num_pages,
+                  absl::InvalidArgumentError(absl::StrCat("page_ids[", i, "] = ", page_ids[i],
+                                                          " is out of range [0, ", num_pages,
+                                                          ")")));
+    }
+    // Key offsets: cache length + targets per sequence.
+    Tensor off_k_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({batch + 1}),
+                                           &off_k_t));
+    auto off_k = off_k_t.flat<int64_t>();
+    off_k(0) = 0;
+    std::vector<int64_t> cache_len(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t pages = page_off[b + 1] - page_off[b], lq = off_q[b + 1] - off_q[b];
+      OP_REQUIRES(ctx, pages == 0 || (last_len[b] >= 1 && last_len[b] <= page_size),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "last_page_len[", b, "] = ", last_len[b], " must lie in [1, page_size = ",
+                      page_size, "]")));
+      OP_REQUIRES(ctx, targets[b] >= 0 && targets[b] <= lq,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "num_target[", b, "] = ", targets[b], " must lie in [0, ", lq,
+                      "] (the sequence length)")));
+      cache_len[b] = pages == 0 ? 0 : (pages - 1) * page_size + last_len[b];
+      off_k(b + 1) = off_k(b) + cache_len[b] + targets[b];
+    }
+    // The effective keys and values.
+    const int64_t rows_k = off_k(batch), row = heads_k * dim;
+    Tensor k_eff, v_eff;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(k.dtype(), TensorShape({rows_k, heads_k, dim}), &k_eff));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(k.dtype(), TensorShape({rows_k, heads_k, dim}), &v_eff));
+    const T* cache_p = cache.flat<T>().data();
+    const T* k_p = k.flat<T>().data();
+    const T* v_p = v.flat<T>().data();
+    T* ke = k_eff.flat<T>().data();
+    T* ve = v_eff.flat<T>().data();
+    ParallelFor(ctx, batch, 64 * row, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        int64_t dst = off_k(b);
+        for (int64_t pg = page_off[b]; pg < page_off[b + 1]; ++pg) {
+          const int64_t rows = pg + 1 < page_off[b + 1] ? page_size : last_len[b];
+          const T* page = cache_p + page_ids[pg] * 2 * page_size * row;
+          std::copy(page, page + rows * row, ke + dst * row);
+          std::copy(page + page_size * row, page + (page_size + rows) * row, ve + dst * row);
+          dst += rows;
+        }
+        const int64_t first = off_q[b + 1] - targets[b];
+        std::copy(k_p + first * row, k_p + off_q[b + 1] * row, ke + dst * row);
+        std::copy(v_p + first * row, v_p + off_q[b + 1] * row, ve + dst * row);
+      }
+    });
+    const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
+    const Tensor empty_t(q.dtype(), TensorShape({0}));
+    OP_REQUIRES_OK(ctx, Prepare({&q, &k_eff, &v_eff, &ctx->input(4), &off_k_t, &empty,
+                                 &ctx->input(8), &empty_t, &empty_t}));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({q.dim_size(0), problem_.heads_q, dim}), &out));
+    RunForward<T>(ctx, problem_, q, k_eff, v_eff, nullptr, nullptr, out);
   }
 };
 
@@ -391,7 +519,10 @@ class HstuDenseBackwardOp : public HstuBase {
       HstuDenseForwardOp<T>);                                                                  \
   REGISTER_KERNEL_BUILDER(                                                                     \
       Name("Recops>HstuDenseBackward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),  \
-      HstuDenseBackwardOp<T>);
+      HstuDenseBackwardOp<T>);                                                                 \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("Recops>HstuPagedForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
+      HstuPagedForwardOp<T>);
 REGISTER(float)
 REGISTER(Eigen::half)
 REGISTER(Eigen::bfloat16)

@@ -89,4 +89,38 @@ Gradients of HstuDenseForward (recomputes scores per tile): dq, dk, dv, and d_at
 
 #undef RECOPS_HSTU_ATTRS
 
+REGISTER_OP("Recops>HstuPagedForward")
+    .Input("q: T")
+    .Input("k: T")
+    .Input("v: T")
+    .Input("kv_cache: T")
+    .Input("seq_offsets: Tidx")
+    .Input("page_offsets: Tidx")
+    .Input("page_ids: Tidx")
+    .Input("last_page_len: Tidx")
+    .Input("num_target: Tidx")
+    .Output("output: T")
+    .Attr("T: {float, half, bfloat16, double}")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .Attr("max_seq_len: int >= 1")
+    .Attr("max_seq_len_k: int >= 1")
+    .Attr("alpha: float = 1.0")
+    .Attr("silu_scale: float = 0.0")
+    .Attr("target_group_size: int >= 0 = 1")
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle q, k, cache;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &q));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &k));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 5, &cache));
+      for (int i = 4; i < 9; ++i) TF_RETURN_IF_ERROR(RequireVector(c, i));
+      c->set_output(0, c->MakeShape({c->Dim(q, 0), c->Dim(q, 1), c->Dim(k, 2)}));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Paged KV-cache HSTU forward (inference): keys of sequence b = its cached pages
+kv_cache[page_ids[page_offsets[b]:page_offsets[b+1]], 0] (the last page holding
+last_page_len[b] rows) followed by the k rows of its last num_target[b] tokens (values alike);
+causal attention with the target-group rule.
+)doc");
+
 }  // namespace recops

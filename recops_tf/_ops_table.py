@@ -99,21 +99,25 @@ OPS = (
     OpStem(
         stem="hstu_dense",
         seed_ops=("hstu_dense_forward", "hstu_dense_backward", "hstu_backward_v2"),
-        tf_ops=("HstuDenseForward", "HstuDenseBackward"),
-        public=("hstu_attention",),
+        tf_ops=("HstuDenseForward", "HstuDenseBackward", "HstuPagedForward"),
+        public=("hstu_attention", "hstu_attention_paged"),
         gradient="HstuDenseBackward (dq, dk, dv, d_attn_bias = dS; scores recomputed per "
-                 "tile); second order not implemented (raises)",
-        reference=("hstu_attention",),
+                 "tile); second order not implemented (raises); the paged forward is "
+                 "inference only (raises)",
+        reference=("hstu_attention", "hstu_attention_paged"),
         dtypes=FLOAT_DTYPES,
         index_dtypes=INDEX_DTYPES,
         bound="compute",
         bench={
-            "tiny": ({"batch": 3, "max_len": 70, "heads": 2, "dim": 8},),
+            "tiny": ({"batch": 3, "max_len": 70, "heads": 2, "dim": 8},
+                     {"batch": 3, "max_len": 40, "heads": 2, "dim": 8, "paged": True}),
             # Lengths uniform in [1, L], causal, float32. At L = 4096 the padded composite's
             # [B, H, L, L] scores need ~1 GB per tensor per 4 sequences: B = 4 keeps it in memory.
             "full": ({"batch": 32, "max_len": 256, "heads": 4, "dim": 64},
                      {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64},
-                     {"batch": 4, "max_len": 4096, "heads": 4, "dim": 64}),
+                     {"batch": 4, "max_len": 4096, "heads": 4, "dim": 64},
+                     {"batch": 256, "max_len": 2048, "heads": 4, "dim": 64, "paged": True,
+                      "page_size": 128}),
         },
     ),
 )

@@ -1,6 +1,6 @@
 """Public op wrappers; importing this package registers every gradient (once)."""
 from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagged_tensor
-from recops_tf.ops.hstu_dense import hstu_attention
+from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_paged
 from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
 from recops_tf.ops.multislice_concat import multislice_concat
 from recops_tf.ops.reverse_sequence import reverse_sequence
@@ -11,6 +11,7 @@ __all__ = [
     "gather_for_rank1",
     "index_select_for_rank1_backward",
     "hstu_attention",
+    "hstu_attention_paged",
     "multislice_concat",
     "reverse_sequence",
 ]

@@ -180,3 +180,72 @@ def _hstu_dense_forward_grad(op, grad):
 @tf.RegisterGradient("Recops>HstuDenseBackward")
 def _hstu_dense_backward_grad(op, *grads):
     raise NotImplementedError("second-order gradients of hstu_attention are not implemented")
+
+
+def hstu_attention_paged(q, k, v, kv_cache, *, seq_offsets, page_offsets, page_ids,
+                         last_page_len, num_target, max_seq_len, max_seq_len_k, alpha=1.0,
+                         silu_scale=0.0, target_group_size=1, name=None):
+    """HSTU attention forward over a paged KV cache (inference, "M-FALCON" style).
+
+    Sequence ``b`` has ``L_b`` query tokens (``seq_offsets``): new history tokens followed by
+    its ``num_target[b]`` target tokens. Its keys are the cached pages
+    ``kv_cache[page_ids[page_offsets[b]] ... page_ids[page_offsets[b+1]-1], 0]`` (every page
+    full except the last, which holds ``last_page_len[b]`` rows; the cache already contains the
+    past and the new history tokens) followed by the fresh ``k`` rows of the target tokens;
+    values likewise from ``kv_cache[..., 1]`` and ``v``. Attention is that of
+    ``hstu_attention`` with the causal mask aligned to the end of the keys and the target
+    group rule (``target_group_size`` 1: each target sees the whole cache and itself).
+
+    Args:
+      q: ``[T, Nq, D]`` queries of all tokens.
+      k, v: ``[T, Nk, D]`` keys / values of the same tokens (only the targets' rows are read).
+      kv_cache: ``[num_pages, 2, page_size, Nk, D]`` (index 0: keys, 1: values).
+      seq_offsets: ``[B+1]`` offsets of the query tokens.
+      page_offsets: ``[B+1]`` offsets into ``page_ids``.
+      page_ids: ``[page_offsets[B]]`` page numbers, each in ``[0, num_pages)``.
+      last_page_len: ``[B]`` rows used in each sequence's last page, in ``[1, page_size]``.
+      num_target: ``[B]`` target tokens per sequence (their k/v are appended to the cache).
+      max_seq_len, max_seq_len_k: longest query / key sequences (``silu_scale`` 0 means
+        ``1 / max_seq_len``).
+      alpha, silu_scale, target_group_size: as in ``hstu_attention``.
+      name: optional op name.
+
+    Returns:
+      ``[T, Nq, D]``.
+
+    Gradient: none (inference op; asking for one raises).
+
+    Raises:
+      InvalidArgumentError: bad offsets, a page id out of range, a last_page_len outside
+        ``[1, page_size]``, more targets than tokens, more query tokens than keys, sequences
+        longer than max_seq_len(_k), a kv_cache of the wrong shape.
+
+    Example:
+
+    >>> cache = tf.ones([2, 2, 4, 1, 2])
+    >>> q = tf.ones([2, 1, 2])
+    >>> out = hstu_attention_paged(q, q, q, cache, seq_offsets=[0, 2], page_offsets=[0, 1],
+    ...     page_ids=[1], last_page_len=[3], num_target=[1], max_seq_len=2, max_seq_len_k=4,
+    ...     silu_scale=1.0)
+    >>> out.shape.as_list()
+    [2, 1, 2]
+    """
+    with tf.name_scope(name or "hstu_attention_paged"):
+        q = tf.convert_to_tensor(q, name="q")
+        k = tf.convert_to_tensor(k, dtype=q.dtype, name="k")
+        v = tf.convert_to_tensor(v, dtype=q.dtype, name="v")
+        kv_cache = tf.convert_to_tensor(kv_cache, dtype=q.dtype, name="kv_cache")
+        index = [index_tensor(x, n) for x, n in (
+            (seq_offsets, "seq_offsets"), (page_offsets, "page_offsets"), (page_ids, "page_ids"),
+            (last_page_len, "last_page_len"), (num_target, "num_target"))]
+        if len({t.dtype for t in index}) > 1:
+            index = [tf.cast(t, tf.int64) for t in index]
+        return lib().recops_hstu_paged_forward(
+            q, k, v, kv_cache, *index, max_seq_len=int(max_seq_len),
+            max_seq_len_k=int(max_seq_len_k), alpha=float(alpha), silu_scale=float(silu_scale),
+            target_group_size=int(target_group_size))
+
+
+@tf.RegisterGradient("Recops>HstuPagedForward")
+def _hstu_paged_forward_grad(op, grad):
+    raise NotImplementedError("hstu_attention_paged is an inference op: it has no gradient")

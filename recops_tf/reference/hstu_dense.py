@@ -68,3 +68,34 @@ def hstu_attention(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len
         m = m * mask
     o = tf.einsum("bhij,bjhd->bihd", p * m, vd)
     return tf.RaggedTensor.from_tensor(o, lengths=_lengths(splits_q)).values
+
+
+def paged_keys(k, v, kv_cache, seq_offsets, page_offsets, page_ids, last_page_len, num_target):
+    """Effective jagged keys / values and key offsets of the paged layout (eager, per sequence)."""
+    page_size = kv_cache.shape[2]
+    ks, vs, lengths = [], [], []
+    offsets = tf.cast(seq_offsets, tf.int64).numpy()
+    page_offsets = tf.cast(page_offsets, tf.int64).numpy()
+    page_ids = tf.cast(page_ids, tf.int64).numpy()
+    for b in range(len(offsets) - 1):
+        ids = page_ids[page_offsets[b]:page_offsets[b + 1]]
+        pages = tf.gather(kv_cache, ids)  # [n, 2, page_size, Nk, D]
+        rows = (len(ids) - 1) * page_size + int(last_page_len[b]) if len(ids) else 0
+        cached_k = tf.reshape(pages[:, 0], [-1, k.shape[1], k.shape[2]])[:rows]
+        cached_v = tf.reshape(pages[:, 1], [-1, v.shape[1], v.shape[2]])[:rows]
+        first = offsets[b + 1] - int(num_target[b])
+        ks.append(tf.concat([cached_k, k[first:offsets[b + 1]]], axis=0))
+        vs.append(tf.concat([cached_v, v[first:offsets[b + 1]]], axis=0))
+        lengths.append(rows + int(num_target[b]))
+    offsets_k = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return tf.concat(ks, axis=0), tf.concat(vs, axis=0), tf.constant(offsets_k)
+
+
+def hstu_attention_paged(q, k, v, kv_cache, seq_offsets, page_offsets, page_ids, last_page_len,
+                         num_target, max_seq_len, max_seq_len_k, alpha=1.0, silu_scale=0.0,
+                         target_group_size=1):
+    keys, values, offsets_k = paged_keys(k, v, kv_cache, seq_offsets, page_offsets, page_ids,
+                                         last_page_len, num_target)
+    return hstu_attention(q, keys, values, seq_offsets, offsets_k, max_seq_len, max_seq_len_k,
+                          alpha=alpha, silu_scale=silu_scale, num_target=num_target,
+                          target_group_size=target_group_size)

@@ -112,10 +112,15 @@ def multislice_concat(rows=5, cols=12, outputs=3, slices_per_output=2, dtype=tf.
                 [x], [0], 2 * out_bytes, out_bytes + _nbytes(x))
 
 
-def hstu_dense(batch=3, max_len=70, heads=2, dim=8, dtype=tf.float32, index_dtype=tf.int64,
-               seed=0):
-    """Causal jagged HSTU attention, lengths uniform in [1, max_len], Nq = Nk, Dqk = Dv."""
+def hstu_dense(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
+               dtype=tf.float32, index_dtype=tf.int64, seed=0):
+    """Causal jagged HSTU attention, lengths uniform in [1, max_len], Nq = Nk, Dqk = Dv.
+
+    With `paged`, the paged KV-cache forward: each sequence has a cache of up to max_len keys
+    in pages and up to 4 new tokens, the last up to 2 of them targets (forward only)."""
     rng = np.random.default_rng(seed)
+    if paged:
+        return _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, seed)
     lengths = rng.integers(1, max_len + 1, size=batch)
     offsets = _offsets(lengths, index_dtype)
     rows = int(lengths.sum())
@@ -130,6 +135,50 @@ def hstu_dense(batch=3, max_len=70, heads=2, dim=8, dtype=tf.float32, index_dtyp
                                                         max_len),
                 [q, k, v], [0, 1, 2], _nbytes(q, k, v, v), 2 * _nbytes(q, k, v, v),
                 flops_forward=flops, flops_backward=2 * flops)
+
+
+def _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, seed):
+    cache_len = rng.integers(1, max_len + 1, size=batch)
+    new = rng.integers(1, 5, size=batch)
+    targets = np.minimum(rng.integers(0, 3, size=batch), new)
+    pages_per = (cache_len + page_size - 1) // page_size
+    num_pages = int(pages_per.sum()) + 1
+    page_ids = rng.permutation(num_pages)[:int(pages_per.sum())]
+    page_offsets = np.concatenate([[0], np.cumsum(pages_per)])
+    last = cache_len - (pages_per - 1) * page_size
+    offsets = np.concatenate([[0], np.cumsum(new)])
+    q, k, v = (random_values([int(new.sum()), heads, dim], dtype, seed + i) for i in (1, 2, 3))
+    cache = random_values([num_pages, 2, page_size, heads, dim], dtype, seed + 4)
+    # Composite: gather the effective keys (flat cache rows, then the fresh target rows).
+    src, k_lengths = [], []
+    for b in range(batch):
+        for j, page in enumerate(page_ids[page_offsets[b]:page_offsets[b + 1]]):
+            rows = page_size if j + 1 < pages_per[b] else last[b]
+            src += [page * page_size + r for r in range(rows)]
+        src += [num_pages * page_size + r for r in range(offsets[b + 1] - targets[b],
+                                                          offsets[b + 1])]
+        k_lengths.append(cache_len[b] + targets[b])
+    src = tf.constant(src, tf.int64)
+    offsets_k = _offsets(np.array(k_lengths), tf.int64)
+    ints = lambda x: tf.constant(x, index_dtype)  # noqa: E731
+    max_k = int(max_len + 2)
+
+    def fused(q, k, v, cache):
+        return recops_tf.hstu_attention_paged(
+            q, k, v, cache, seq_offsets=ints(offsets), page_offsets=ints(page_offsets),
+            page_ids=ints(page_ids), last_page_len=ints(last), num_target=ints(targets),
+            max_seq_len=4, max_seq_len_k=max_k)
+
+    def reference(q, k, v, cache):
+        flat = lambda part, x: tf.concat(  # noqa: E731
+            [tf.reshape(cache[:, part], [-1, heads, dim]), x], axis=0)
+        return ref_hstu.hstu_attention(q, tf.gather(flat(0, k), src), tf.gather(flat(1, v), src),
+                                       ints(offsets), offsets_k, 4, max_k,
+                                       num_target=ints(targets), target_group_size=1)
+
+    flops = int(2 * heads * 2 * dim * np.sum(new * (cache_len + targets)))
+    return Case(f"paged B={batch} cache<={max_len} H={heads} D={dim} page={page_size}", fused,
+                reference, [q, k, v, cache], [], _nbytes(q, k, v), 0, flops_forward=flops)
 
 
 BUILDERS = {

@@ -373,3 +373,120 @@ def test_error_grad_shape():
             tf.zeros([3, 4, 6]), q, k, v, oq, ok, tf.zeros([0], tf.int64),
             tf.zeros([0], tf.int64), tf.zeros([0]), tf.zeros([0]), max_seq_len=MAX_Q,
             max_seq_len_k=MAX_K)
+
+
+# ---- paged KV-cache forward --------------------------------------------------------------
+
+PAGE = 4
+
+
+def paged_problem(dtype=tf.float32, nq=4, nk=2, dim=6, seed=0):
+    # Three sequences: 6 cached keys (2 pages) + 3 new tokens (2 targets); 0 pages + 2 new
+    # tokens (both targets); 4 cached (1 full page) + 1 new token (0 targets).
+    new, targets = [3, 2, 1], [2, 2, 0]
+    q = random_values([6, nq, dim], dtype, seed)
+    k = random_values([6, nk, dim], dtype, seed + 1)
+    v = random_values([6, nk, dim], dtype, seed + 2)
+    cache = random_values([5, 2, PAGE, nk, dim], dtype, seed + 3)
+    return dict(q=q, k=k, v=v, kv_cache=cache, seq_offsets=offsets(new),
+                page_offsets=offsets([2, 0, 1]), page_ids=tf.constant([4, 1, 2], tf.int64),
+                last_page_len=tf.constant([2, 1, 4], tf.int64),
+                num_target=tf.constant(targets, tf.int64))
+
+
+def paged(args, **kw):
+    kw.setdefault("max_seq_len", 4)
+    kw.setdefault("max_seq_len_k", 12)
+    a = dict(args)
+    return recops_tf.hstu_attention_paged(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("kv_cache"),
+                                          **a, **kw)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_paged_matches_reference(dtype, group):
+    args = paged_problem(dtype)
+    out = paged(args, target_group_size=group, alpha=0.9, silu_scale=0.5)
+    a64 = {k: (tf.cast(v, tf.float64) if v.dtype.is_floating else v) for k, v in args.items()}
+    expected = ref.hstu_attention_paged(a64["q"], a64["k"], a64["v"], a64["kv_cache"],
+                                        a64["seq_offsets"], a64["page_offsets"],
+                                        a64["page_ids"], a64["last_page_len"],
+                                        a64["num_target"], 4, 12, alpha=0.9, silu_scale=0.5,
+                                        target_group_size=group)
+    assert_close(out, expected, dtype, magnitude=2.0, reduction=12)
+
+
+def test_paged_equals_attention_on_the_assembled_keys():
+    args = paged_problem(tf.float64)
+    keys, values, offsets_k = ref.paged_keys(args["k"], args["v"], args["kv_cache"],
+                                             args["seq_offsets"], args["page_offsets"],
+                                             args["page_ids"], args["last_page_len"],
+                                             args["num_target"])
+    direct = recops_tf.hstu_attention(args["q"], keys, values, seq_offsets=args["seq_offsets"],
+                                      seq_offsets_k=offsets_k, max_seq_len=4, max_seq_len_k=12,
+                                      num_target=args["num_target"], target_group_size=1)
+    assert_close(paged(args), direct, tf.float64)
+
+
+def test_paged_inside_function():
+    args = paged_problem()
+    f = tf.function(lambda a: paged(a))
+    assert_close(f(args), paged(args), tf.float32)
+
+
+def test_paged_has_no_gradient():
+    args = paged_problem()
+    with pytest.raises(NotImplementedError, match="inference"):
+        with tf.GradientTape() as tape:
+            tape.watch(args["q"])
+            loss = tf.reduce_sum(paged(args))
+        tape.gradient(loss, args["q"])
+
+
+def test_paged_error_page_id_out_of_range():
+    args = paged_problem()
+    args["page_ids"] = tf.constant([4, 5, 2], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"page_ids\[1\] = 5 is out of range"):
+        paged(args)
+
+
+@pytest.mark.parametrize("bad", [0, PAGE + 1])
+def test_paged_error_last_page_len(bad):
+    args = paged_problem()
+    args["last_page_len"] = tf.constant([bad, 1, 4], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"last_page_len\[0\] = {bad}"):
+        paged(args)
+
+
+def test_paged_error_too_many_targets():
+    args = paged_problem()
+    args["num_target"] = tf.constant([4, 2, 0], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"num_target\[0\] = 4 must lie"):
+        paged(args)
+
+
+def test_paged_error_cache_shape():
+    args = paged_problem()
+    args["kv_cache"] = tf.zeros([5, 3, PAGE, 2, 6])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="kv_cache must have shape"):
+        paged(args)
+
+
+def test_paged_error_page_offsets():
+    args = paged_problem()
+    args["page_offsets"] = offsets([2, 0, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"page_offsets\[-1\] = 4"):
+        paged(args)
+
+
+def test_paged_error_fewer_keys_than_queries():
+    args = paged_problem()
+    args["page_offsets"] = offsets([0, 0, 1])
+    args["page_ids"] = tf.constant([2], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more queries"):
+        paged(args)
+
+
+def test_paged_error_keys_longer_than_max_seq_len_k():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="> max_seq_len_k = 5"):
+        paged(paged_problem(), max_seq_len_k=5)
