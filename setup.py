@@ -45,8 +45,10 @@ class TFBuildExt(build_ext):
             else:
                 compile_flags.append(flag)
         self._tf_version = tf.__version__
+        # -Wno-psabi: GCC notes that 64-byte vector values change the ABI; in the kernels they
+        # only pass between always_inline functions.
         self._compile_flags = compile_flags + [
-            "-O3", "-g0", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter",
+            "-O3", "-g0", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-psabi",
             "-fvisibility-inlines-hidden", f"-I{ROOT}",
         ]
         self._link_flags = tf.sysconfig.get_link_flags()

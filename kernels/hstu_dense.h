@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/common/dtypes.h"
@@ -127,12 +128,13 @@ struct HstuItem {
 std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side);
 
 // The operands of the tiles in the accumulation type, prepared once per op call (for float32
-// inputs q, k, v, dO are the inputs themselves): tiles are then strided views, never copies.
+// inputs q, k, v, dO are the inputs themselves; narrower inputs are converted once, and only
+// where a GEMM reads them as vectors): tiles are then strided views, never copies.
 template <typename Acc>
 struct HstuOperands {
-  const Acc* q = nullptr;     // [Tq, Nq, Dqk]
-  const Acc* k = nullptr;     // [Tk, Nk, Dqk]
-  const Acc* v = nullptr;     // [Tk, Nk, Dv]
+  const Acc* q = nullptr;     // [Tq, Nq, Dqk] (backward; the forward reads the input)
+  const Acc* k = nullptr;     // [Tk, Nk, Dqk] (backward)
+  const Acc* v = nullptr;     // [Tk, Nk, Dv] (forward)
   // K and V transposed in key tiles: [Nk, num_tiles, dim, kTileK], tile t of sequence b
   // holding its keys [64 t', 64 t' + 64) with t = tile_base[b] + t'. A tile's Kᵀ is then one
   // contiguous [dim x 64] block (ld 64) instead of 64 rows strided by the whole key count.
@@ -213,12 +215,13 @@ RECOPS_INLINE void TransposeTile(const Acc* src, int64_t rows, int64_t cols, Acc
 }
 
 // S tile = Q rows [i0, i0+mq) of head h times Kᵀ columns [j0, j0+nk) of kv head kv.
-template <typename Acc, int R>
-RECOPS_INLINE void ScoresQK(const HstuProblem& p, const HstuOperands<Acc>& a, int64_t q_row,
-                            int64_t h, int64_t mq, int64_t k_tile, int64_t kv, int64_t nk,
-                            Acc* s) {
+// (q: the queries, in the input dtype or already in Acc.)
+template <typename Acc, int R, typename TQ>
+RECOPS_INLINE void ScoresQK(const HstuProblem& p, const HstuOperands<Acc>& a, const TQ* q,
+                            int64_t q_row, int64_t h, int64_t mq, int64_t k_tile, int64_t kv,
+                            int64_t nk, Acc* s) {
   std::fill(s, s + kTileQ * kTileK, Acc(0));
-  GemmAcc<Acc, R>(mq, nk, p.dim_qk, a.q + (q_row * p.heads_q + h) * p.dim_qk,
+  GemmAcc<Acc, R, TQ>(mq, nk, p.dim_qk, q + (q_row * p.heads_q + h) * p.dim_qk,
                   p.heads_q * p.dim_qk, a.kt + (kv * a.num_tiles + k_tile) * p.dim_qk * kTileK,
                   kTileK, s, kTileK);
 }
@@ -247,12 +250,19 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
   for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
     const int64_t nk = std::min(kTileK, s.lk - j0);
     if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-    ScoresQK<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
+    ScoresQK<Acc, R>(p, a, t.q, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
     ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), nullptr, w.z.data(),
                       w.m.data());
-    GemmAcc<Acc, R>(mq, p.dim_v, nk, w.s.data(), kTileK,
-                    a.v + ((ok + j0) * p.heads_k + kv) * p.dim_v, p.heads_k * p.dim_v, o.data(),
-                    p.dim_v);
+    if constexpr (std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Acc>) {
+      // V read in its own dtype (bfloat16 widens as it loads): no converted copy.
+      GemmAcc<Acc, R, Acc, T>(mq, p.dim_v, nk, w.s.data(), kTileK,
+                              t.v + ((ok + j0) * p.heads_k + kv) * p.dim_v, p.heads_k * p.dim_v,
+                              o.data(), p.dim_v);
+    } else {
+      GemmAcc<Acc, R>(mq, p.dim_v, nk, w.s.data(), kTileK,
+                      a.v + ((ok + j0) * p.heads_k + kv) * p.dim_v, p.heads_k * p.dim_v,
+                      o.data(), p.dim_v);
+    }
   }
   for (int64_t r = 0; r < mq; ++r) {
     T* dst = t.out + ((oq + i0 + r) * p.heads_q + h) * p.dim_v;
@@ -275,7 +285,7 @@ RECOPS_INLINE void HstuBackwardKvItem(const HstuProblem& p, const HstuTensors<T>
     for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
       const int64_t mq = std::min(kTileQ, s.lq - i0);
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      ScoresQK<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
+      ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
       ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
                         w.dp.data());
       ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
@@ -312,7 +322,7 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
   for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
     const int64_t nk = std::min(kTileK, s.lk - j0);
     if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-    ScoresQK<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
+    ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
     ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
                         w.dp.data());
     ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),

@@ -115,9 +115,10 @@ int64_t KeyTiles(const HstuProblem& p, std::vector<int64_t>* tile_base) {
   return tiles;
 }
 
-// x [Tk, heads, dim] -> [heads, tiles, dim, kTileK] (see HstuOperands::kt); padding is zero.
-template <typename Acc>
-const Acc* TileTranspose(OpKernelContext* ctx, const HstuProblem& p, const Acc* x,
+// x [Tk, heads, dim] -> [heads, tiles, dim, kTileK] in Acc (see HstuOperands::kt); padding is
+// zero.
+template <typename T, typename Acc>
+const Acc* TileTranspose(OpKernelContext* ctx, const HstuProblem& p, const T* x,
                          int64_t heads, int64_t dim, const std::vector<int64_t>& tile_base,
                          int64_t tiles, Scratch<Acc>* storage) {
   const int64_t size = heads * tiles * dim * kTileK;
@@ -134,8 +135,8 @@ const Acc* TileTranspose(OpKernelContext* ctx, const HstuProblem& p, const Acc* 
           std::fill(tile, tile + dim * kTileK, Acc(0));
           const int64_t rows = std::min(kTileK, lk - t * kTileK);
           for (int64_t r = 0; r < rows; ++r) {
-            const Acc* src = x + ((ok + t * kTileK + r) * heads + h) * dim;
-            for (int64_t d = 0; d < dim; ++d) tile[d * kTileK + r] = src[d];
+            const T* src = x + ((ok + t * kTileK + r) * heads + h) * dim;
+            for (int64_t d = 0; d < dim; ++d) tile[d * kTileK + r] = ToAcc<T, Acc>(src[d]);
           }
         }
       }
@@ -313,15 +314,14 @@ void RunForward(OpKernelContext* ctx, const HstuProblem& p, const Tensor& q, con
   t.bias = bias && bias->NumElements() ? bias->flat<T>().data() : nullptr;
   t.out = out->flat<T>().data();
   using Acc = AccumT<T>;
-  Scratch<Acc> q_buf, k_buf, v_buf, kt_buf;
+  Scratch<Acc> v_buf, kt_buf;
   HstuOperands<Acc> a;
-  a.q = AsAcc<T, Acc>(ctx, q, &q_buf);
-  a.k = AsAcc<T, Acc>(ctx, k, &k_buf);
-  a.v = AsAcc<T, Acc>(ctx, v, &v_buf);
+  if constexpr (!std::is_same_v<T, Eigen::bfloat16>) a.v = AsAcc<T, Acc>(ctx, v, &v_buf);
   std::vector<int64_t> tile_base;
   a.num_tiles = KeyTiles(p, &tile_base);
   a.tile_base = tile_base.data();
-  a.kt = TileTranspose(ctx, p, a.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles, &kt_buf);
+  a.kt = TileTranspose<T, Acc>(ctx, p, t.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles,
+                               &kt_buf);
   const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false);
   const auto forward = Entries(t.q).forward;
   ParallelForDynamic(ctx, items.size(), [&](int64_t i) { forward(p, t, a, items[i]); });
@@ -492,17 +492,18 @@ class HstuDenseBackwardOp : public HstuBase {
     dq->flat<T>().setZero();
     if (p.has_bias) dbias->flat<T>().setZero();
     using Acc = AccumT<T>;
-    Scratch<Acc> q_buf, k_buf, v_buf, do_buf, kt_buf, vt_buf;
+    Scratch<Acc> q_buf, k_buf, do_buf, kt_buf, vt_buf;
     HstuOperands<Acc> a;
     a.dout = AsAcc<T, Acc>(ctx, grad, &do_buf);
     a.q = AsAcc<T, Acc>(ctx, q, &q_buf);
     a.k = AsAcc<T, Acc>(ctx, ctx->input(2), &k_buf);
-    a.v = AsAcc<T, Acc>(ctx, ctx->input(3), &v_buf);
     std::vector<int64_t> tile_base;
     a.num_tiles = KeyTiles(p, &tile_base);
     a.tile_base = tile_base.data();
-    a.kt = TileTranspose(ctx, p, a.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles, &kt_buf);
-    a.vt = TileTranspose(ctx, p, a.v, p.heads_k, p.dim_v, tile_base, a.num_tiles, &vt_buf);
+    a.kt = TileTranspose<T, Acc>(ctx, p, t.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles,
+                                 &kt_buf);
+    a.vt = TileTranspose<T, Acc>(ctx, p, t.v, p.heads_k, p.dim_v, tile_base, a.num_tiles,
+                                 &vt_buf);
     const HstuEntries<T>& entries = Entries(t.q);
     const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true);
     ParallelForDynamic(ctx, kv_items.size(),

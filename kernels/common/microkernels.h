@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#include "kernels/common/dtypes.h"
 
 #define RECOPS_INLINE inline __attribute__((always_inline))
 
@@ -18,10 +21,6 @@
 #else
 #define RECOPS_MULTIVERSION
 #endif
-
-// Vectors are passed by value only between always_inline functions: no ABI crosses.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace recops {
 
@@ -43,12 +42,32 @@ RECOPS_INLINE void StoreVec(Acc* p, const V& v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
+// Loads one vector of Acc from B elements of type TB (bfloat16: widen the 16-bit halves).
+template <typename V, typename Acc, typename TB>
+RECOPS_INLINE V LoadVecAs(const TB* p) {
+  if constexpr (std::is_same_v<TB, Acc>) {
+    return LoadVec<V>(p);
+  } else {
+    static_assert(std::is_same_v<TB, Eigen::bfloat16> && std::is_same_v<Acc, float>,
+                  "B operands are Acc or bfloat16 (float accumulation)");
+    typedef uint16_t Narrow __attribute__((vector_size(32)));
+    typedef uint32_t Wide __attribute__((vector_size(64)));
+    Narrow n;
+    std::memcpy(&n, p, sizeof(n));
+    const Wide w = __builtin_convertvector(n, Wide) << 16;
+    V v;
+    std::memcpy(&v, &w, sizeof(v));
+    return v;
+  }
+}
+
 // C[M x N] += A[M x K] * B[K x N]; row-major with leading dimensions lda, ldb, ldc. The main
 // block keeps R rows x 2 vectors of C in registers (R = 8 fits AVX-512's 32 registers, R = 4
-// the 16 of AVX2).
-template <typename Acc, int R = 4>
-RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* A, int64_t lda,
-                           const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
+// the 16 of AVX2). A may be of a narrower type TA (converted as it is broadcast), B may be
+// bfloat16 with float accumulation (widened as it is loaded).
+template <typename Acc, int R = 4, typename TA = Acc, typename TB = Acc>
+RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const TA* A, int64_t lda,
+                           const TB* B, int64_t ldb, Acc* C, int64_t ldc) {
   using V = typename Vec<Acc>::type;
   constexpr int64_t W = Vec<Acc>::kLanes;
   int64_t n0 = 0;
@@ -61,9 +80,9 @@ RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* A, int64_
         c[r][1] = LoadVec<V>(C + (i + r) * ldc + n0 + W);
       }
       for (int64_t k = 0; k < K; ++k) {
-        const V b0 = LoadVec<V>(B + k * ldb + n0), b1 = LoadVec<V>(B + k * ldb + n0 + W);
+        const V b0 = LoadVecAs<V, Acc, TB>(B + k * ldb + n0), b1 = LoadVecAs<V, Acc, TB>(B + k * ldb + n0 + W);
         for (int r = 0; r < R; ++r) {
-          const Acc a = A[(i + r) * lda + k];
+          const Acc a = ToAcc<TA, Acc>(A[(i + r) * lda + k]);
           c[r][0] += a * b0;
           c[r][1] += a * b1;
         }
@@ -76,9 +95,9 @@ RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* A, int64_
     for (; i < M; ++i) {
       V c0 = LoadVec<V>(C + i * ldc + n0), c1 = LoadVec<V>(C + i * ldc + n0 + W);
       for (int64_t k = 0; k < K; ++k) {
-        const Acc a = A[i * lda + k];
-        c0 += a * LoadVec<V>(B + k * ldb + n0);
-        c1 += a * LoadVec<V>(B + k * ldb + n0 + W);
+        const Acc a = ToAcc<TA, Acc>(A[i * lda + k]);
+        c0 += a * LoadVecAs<V, Acc, TB>(B + k * ldb + n0);
+        c1 += a * LoadVecAs<V, Acc, TB>(B + k * ldb + n0 + W);
       }
       StoreVec(C + i * ldc + n0, c0);
       StoreVec(C + i * ldc + n0 + W, c1);
@@ -90,22 +109,22 @@ RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* A, int64_
       V c[4];
       for (int r = 0; r < 4; ++r) c[r] = LoadVec<V>(C + (i + r) * ldc + n0);
       for (int64_t k = 0; k < K; ++k) {
-        const V b = LoadVec<V>(B + k * ldb + n0);
-        for (int r = 0; r < 4; ++r) c[r] += A[(i + r) * lda + k] * b;
+        const V b = LoadVecAs<V, Acc, TB>(B + k * ldb + n0);
+        for (int r = 0; r < 4; ++r) c[r] += ToAcc<TA, Acc>(A[(i + r) * lda + k]) * b;
       }
       for (int r = 0; r < 4; ++r) StoreVec(C + (i + r) * ldc + n0, c[r]);
     }
     for (; i < M; ++i) {
       V c = LoadVec<V>(C + i * ldc + n0);
-      for (int64_t k = 0; k < K; ++k) c += A[i * lda + k] * LoadVec<V>(B + k * ldb + n0);
+      for (int64_t k = 0; k < K; ++k) c += ToAcc<TA, Acc>(A[i * lda + k]) * LoadVecAs<V, Acc, TB>(B + k * ldb + n0);
       StoreVec(C + i * ldc + n0, c);
     }
   }
   if (n0 < N) {
     for (int64_t i = 0; i < M; ++i) {
       for (int64_t k = 0; k < K; ++k) {
-        const Acc a = A[i * lda + k];
-        for (int64_t n = n0; n < N; ++n) C[i * ldc + n] += a * B[k * ldb + n];
+        const Acc a = ToAcc<TA, Acc>(A[i * lda + k]);
+        for (int64_t n = n0; n < N; ++n) C[i * ldc + n] += a * ToAcc<TB, Acc>(B[k * ldb + n]);
       }
     }
   }
@@ -136,7 +155,5 @@ RECOPS_INLINE float Sigmoid(float x) { return 1.0f / (1.0f + ExpF(-x)); }
 RECOPS_INLINE double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 }  // namespace recops
-
-#pragma GCC diagnostic pop
 
 #endif  // RECOPS_KERNELS_COMMON_MICROKERNELS_H_
