@@ -38,6 +38,63 @@ inline __attribute__((always_inline)) float ToAcc<Eigen::bfloat16, float>(Eigen:
   return f;
 }
 
+// float16 <-> float32 bit conversions without branches (so loops over them vectorise; Eigen's
+// scalar versions branch). Round to nearest even; subnormals, infinities and NaNs handled.
+inline __attribute__((always_inline)) float HalfBitsToFloat(uint16_t h) {
+  const uint32_t magnitude = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  const uint32_t exponent = magnitude & (0x7c00u << 13);
+  const uint32_t normal = magnitude + ((127u - 15u) << 23);
+  const uint32_t inf_nan = normal + ((128u - 16u) << 23);
+  // Zero / subnormal: let the float unit renormalise (value = mantissa * 2^-24).
+  float sub;
+  const uint32_t sub_bits = normal + (1u << 23);
+  std::memcpy(&sub, &sub_bits, sizeof(sub));
+  const float magic_f = 6.103515625e-05f;  // 2^-14, the bits (113 << 23)
+  sub -= magic_f;
+  uint32_t sub_out;
+  std::memcpy(&sub_out, &sub, sizeof(sub_out));
+  const uint32_t is_special = 0u - static_cast<uint32_t>(exponent == (0x7c00u << 13));
+  const uint32_t is_small = 0u - static_cast<uint32_t>(exponent == 0u);
+  uint32_t out = (inf_nan & is_special) | (normal & ~is_special);
+  out = (sub_out & is_small) | (out & ~is_small);
+  out |= static_cast<uint32_t>(h & 0x8000u) << 16;
+  float f;
+  std::memcpy(&f, &out, sizeof(f));
+  return f;
+}
+
+inline __attribute__((always_inline)) uint16_t FloatToHalfBits(float x) {
+  uint32_t f;
+  std::memcpy(&f, &x, sizeof(f));
+  const uint32_t sign = f & 0x80000000u;
+  f ^= sign;
+  // Overflow / infinity / NaN.
+  const uint32_t big = f > (255u << 23) ? 0x7e00u : 0x7c00u;
+  // Subnormal results: add a magic number so the float unit rounds at the right bit.
+  const uint32_t denorm_magic_bits = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  float denorm_magic;
+  std::memcpy(&denorm_magic, &denorm_magic_bits, sizeof(denorm_magic));
+  float ff;
+  std::memcpy(&ff, &f, sizeof(ff));
+  const float tmp = ff + denorm_magic;
+  uint32_t tmp_bits;
+  std::memcpy(&tmp_bits, &tmp, sizeof(tmp_bits));
+  const uint32_t small = tmp_bits - denorm_magic_bits;
+  // Normal results: rebias the exponent and round to nearest even on bit 13.
+  const uint32_t mant_odd = (f >> 13) & 1u;
+  const uint32_t normal = (f + (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + mant_odd) >> 13;
+  const uint32_t is_big = 0u - static_cast<uint32_t>(f >= ((127u + 16u) << 23));
+  const uint32_t is_small = 0u - static_cast<uint32_t>(f < (113u << 23));
+  uint32_t out = (big & is_big) | (normal & ~is_big);
+  out = (small & is_small) | (out & ~is_small);
+  return static_cast<uint16_t>(out | (sign >> 16));
+}
+
+template <>
+inline __attribute__((always_inline)) float ToAcc<Eigen::half, float>(Eigen::half x) {
+  return HalfBitsToFloat(Eigen::numext::bit_cast<uint16_t>(x));
+}
+
 // Rounds an accumulator value to T and back (a no-op for float32 and float64).
 template <typename T, typename Acc>
 inline __attribute__((always_inline)) Acc RoundTo(Acc x) {
@@ -50,6 +107,10 @@ inline __attribute__((always_inline)) float RoundTo<float, float>(float x) {
 template <>
 inline __attribute__((always_inline)) double RoundTo<double, double>(double x) {
   return x;
+}
+template <>
+inline __attribute__((always_inline)) float RoundTo<Eigen::half, float>(float x) {
+  return HalfBitsToFloat(FloatToHalfBits(x));
 }
 template <>
 inline __attribute__((always_inline)) float RoundTo<Eigen::bfloat16, float>(float x) {
@@ -65,7 +126,8 @@ inline __attribute__((always_inline)) float RoundTo<Eigen::bfloat16, float>(floa
   return f;
 }
 
-// Converts an accumulator value to T (round to nearest even), vectorisably for bfloat16.
+// Converts an accumulator value to T (round to nearest even), vectorisably for the 16-bit
+// floats.
 template <typename T, typename Acc>
 inline __attribute__((always_inline)) T FromAcc(Acc x) {
   return static_cast<T>(x);
@@ -76,6 +138,11 @@ inline __attribute__((always_inline)) Eigen::bfloat16 FromAcc<Eigen::bfloat16, f
   uint32_t bits;
   std::memcpy(&bits, &r, sizeof(bits));
   return Eigen::numext::bit_cast<Eigen::bfloat16>(static_cast<uint16_t>(bits >> 16));
+}
+
+template <>
+inline __attribute__((always_inline)) Eigen::half FromAcc<Eigen::half, float>(float x) {
+  return Eigen::numext::bit_cast<Eigen::half>(FloatToHalfBits(x));
 }
 
 }  // namespace recops
