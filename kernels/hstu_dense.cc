@@ -22,8 +22,16 @@ std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side) {
       for (int64_t h = 0; h < heads; ++h) items.push_back({b, h, r0, tiles + 1});
     }
   }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });
+  // Longest sequences first (balance), and within a sequence its items together, head by
+  // head, so consecutive items reuse the same key / value tiles from cache.
+  std::vector<int64_t> seq_cost(p.batch, 0);
+  for (const HstuItem& it : items) seq_cost[it.b] += it.cost;
+  std::stable_sort(items.begin(), items.end(), [&](const HstuItem& a, const HstuItem& b) {
+    if (seq_cost[a.b] != seq_cost[b.b]) return seq_cost[a.b] > seq_cost[b.b];
+    if (a.b != b.b) return a.b < b.b;
+    if (a.h != b.h) return a.h < b.h;
+    return a.cost > b.cost;
+  });
   return items;
 }
 
