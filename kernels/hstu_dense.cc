@@ -35,4 +35,23 @@ std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side) {
   return items;
 }
 
+std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p) {
+  std::vector<HstuItem> items;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const HstuSeq s = SeqOf(p, b);
+    if (s.lq == 0 || s.lk == 0) continue;
+    int64_t tiles = 0;
+    for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
+      for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
+        tiles += HstuTileMaybeVisible(p, s, i0, std::min(i0 + kTileQ, s.lq), j0,
+                                      std::min(j0 + kTileK, s.lk));
+      }
+    }
+    for (int64_t h = 0; h < p.heads_k; ++h) items.push_back({b, h, 0, tiles + 1});
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });
+  return items;
+}
+
 }  // namespace recops

@@ -127,6 +127,9 @@ struct HstuItem {
 // (visible tiles), most expensive first.
 std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side);
 
+// One item per (sequence, kv head) with a non-empty sequence, most expensive first.
+std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p);
+
 // The operands of the tiles in the accumulation type, prepared once per op call (for float32
 // inputs q, k, v, dO are the inputs themselves; narrower inputs are converted once, and only
 // where a GEMM reads them as vectors): tiles are then strided views, never copies.
@@ -340,6 +343,73 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
   for (int64_t r = 0; r < mq; ++r) {
     T* dst = t.dq + ((oq + i0 + r) * p.heads_q + h) * p.dim_qk;
     for (int64_t d = 0; d < p.dim_qk; ++d) dst[d] = FromAcc<T, Acc>(dq[r * p.dim_qk + d]);
+  }
+}
+
+// Backward in one pass over a whole (sequence, kv head) (used when there are enough of them to
+// keep every thread busy): per key block, dK and dV as in HstuBackwardKvItem, and dQ of every
+// query block accumulated in a per-item buffer, so each tile's scores are computed once (5
+// tile GEMMs instead of 7). The summation orders equal those of the two-pass path (dK, dV:
+// query heads then query blocks ascending; dQ: key blocks ascending), so both paths give the
+// same bits.
+template <typename T, typename Acc, int R>
+RECOPS_INLINE void HstuBackwardSeqItem(const HstuProblem& p, const HstuTensors<T>& t,
+                                       const HstuOperands<Acc>& a, const HstuItem& item) {
+  const HstuSeq s = SeqOf(p, item.b);
+  const int64_t kv = item.h, group = p.heads_q / p.heads_k;
+  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
+  HstuScratch<Acc> w;
+  std::vector<Acc> dq(group * s.lq * p.dim_qk, Acc(0));
+  std::vector<Acc> dk(kTileK * p.dim_qk), dv(kTileK * p.dim_v);
+  for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
+    const int64_t nk = std::min(kTileK, s.lk - j0);
+    std::fill(dk.begin(), dk.end(), Acc(0));
+    std::fill(dv.begin(), dv.end(), Acc(0));
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t h = kv * group + g;
+      for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
+        const int64_t mq = std::min(kTileQ, s.lq - i0);
+        if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+        ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
+                         w.s.data());
+        ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
+                          w.dp.data());
+        ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(),
+                          w.z.data(), w.m.data());
+        TransposeTile(w.s.data(), mq, nk, w.pt.data());
+        TransposeTile(w.dp.data(), mq, nk, w.dst.data());
+        GemmAcc<Acc, R>(nk, p.dim_v, mq, w.pt.data(), kTileQ,
+                        a.dout + ((oq + i0) * p.heads_q + h) * p.dim_v, p.heads_q * p.dim_v,
+                        dv.data(), p.dim_v);
+        GemmAcc<Acc, R>(nk, p.dim_qk, mq, w.dst.data(), kTileQ,
+                        a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk,
+                        dk.data(), p.dim_qk);
+        Acc* dq_tile = dq.data() + (g * s.lq + i0) * p.dim_qk;
+        GemmAcc<Acc, R>(mq, p.dim_qk, nk, w.dp.data(), kTileK,
+                        a.k + ((ok + j0) * p.heads_k + kv) * p.dim_qk, p.heads_k * p.dim_qk,
+                        dq_tile, p.dim_qk);
+        if (p.has_bias) {
+          for (int64_t r = 0; r < mq; ++r) {
+            T* row = t.dbias + ((item.b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
+            for (int64_t c = 0; c < nk; ++c) row[c] = FromAcc<T, Acc>(w.dp[r * kTileK + c]);
+          }
+        }
+      }
+    }
+    for (int64_t r = 0; r < nk; ++r) {
+      T* dkr = t.dk + ((ok + j0 + r) * p.heads_k + kv) * p.dim_qk;
+      T* dvr = t.dv + ((ok + j0 + r) * p.heads_k + kv) * p.dim_v;
+      for (int64_t d = 0; d < p.dim_qk; ++d) dkr[d] = FromAcc<T, Acc>(dk[r * p.dim_qk + d]);
+      for (int64_t e = 0; e < p.dim_v; ++e) dvr[e] = FromAcc<T, Acc>(dv[r * p.dim_v + e]);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = kv * group + g;
+    for (int64_t i = 0; i < s.lq; ++i) {
+      T* dst = t.dq + ((oq + i) * p.heads_q + h) * p.dim_qk;
+      const Acc* src = dq.data() + (g * s.lq + i) * p.dim_qk;
+      for (int64_t d = 0; d < p.dim_qk; ++d) dst[d] = FromAcc<T, Acc>(src[d]);
+    }
   }
 }
 

@@ -31,7 +31,7 @@ struct HstuEntries {
   using Acc = AccumT<T>;
   using Fn = void (*)(const HstuProblem&, const HstuTensors<T>&, const HstuOperands<Acc>&,
                       const HstuItem&);
-  Fn forward, backward_kv, backward_q;
+  Fn forward, backward_kv, backward_q, backward_seq;
 };
 
 #define RECOPS_HSTU_SET(T, Acc, NAME, ATTR, R)                                                \
@@ -46,6 +46,10 @@ struct HstuEntries {
   ATTR void NAME##BackwardQ(const HstuProblem& p, const HstuTensors<T>& t,                    \
                             const HstuOperands<Acc>& a, const HstuItem& i) {                  \
     HstuBackwardQItem<T, Acc, R>(p, t, a, i);                                                 \
+  }                                                                                           \
+  ATTR void NAME##BackwardSeq(const HstuProblem& p, const HstuTensors<T>& t,                  \
+                              const HstuOperands<Acc>& a, const HstuItem& i) {                \
+    HstuBackwardSeqItem<T, Acc, R>(p, t, a, i);                                               \
   }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -58,12 +62,15 @@ struct HstuEntries {
       __builtin_cpu_init();                                                                   \
       if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&          \
           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {         \
-        return HstuEntries<T>{TAG##Avx512Forward, TAG##Avx512BackwardKv, TAG##Avx512BackwardQ}; \
+        return HstuEntries<T>{TAG##Avx512Forward, TAG##Avx512BackwardKv, TAG##Avx512BackwardQ,     \
+                                TAG##Avx512BackwardSeq}; \
       }                                                                                       \
       if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {                  \
-        return HstuEntries<T>{TAG##Avx2Forward, TAG##Avx2BackwardKv, TAG##Avx2BackwardQ};     \
+        return HstuEntries<T>{TAG##Avx2Forward, TAG##Avx2BackwardKv, TAG##Avx2BackwardQ,     \
+                                TAG##Avx2BackwardSeq};     \
       }                                                                                       \
-      return HstuEntries<T>{TAG##BaseForward, TAG##BaseBackwardKv, TAG##BaseBackwardQ};       \
+      return HstuEntries<T>{TAG##BaseForward, TAG##BaseBackwardKv, TAG##BaseBackwardQ,     \
+                                TAG##BaseBackwardSeq};       \
     }();                                                                                      \
     return entries;                                                                           \
   }
@@ -72,7 +79,7 @@ struct HstuEntries {
   RECOPS_HSTU_SET(T, Acc, TAG##Base, , 4)                                                     \
   const HstuEntries<T>& Entries(const T*) {                                                   \
     static const HstuEntries<T> entries{TAG##BaseForward, TAG##BaseBackwardKv,                \
-                                        TAG##BaseBackwardQ};                                  \
+                                        TAG##BaseBackwardQ, TAG##BaseBackwardSeq};            \
     return entries;                                                                           \
   }
 #endif
@@ -505,6 +512,14 @@ class HstuDenseBackwardOp : public HstuBase {
     a.vt = TileTranspose<T, Acc>(ctx, p, t.v, p.heads_k, p.dim_v, tile_base, a.num_tiles,
                                  &vt_buf);
     const HstuEntries<T>& entries = Entries(t.q);
+    // One pass per (sequence, kv head) when those items alone keep the threads busy;
+    // otherwise (few, long sequences) two passes over 64-row blocks. Same bits either way.
+    const std::vector<HstuItem> seq_items = HstuSequenceItems(p);
+    if (static_cast<int64_t>(seq_items.size()) >= 4 * NumThreads(ctx)) {
+      ParallelForDynamic(ctx, seq_items.size(),
+                         [&](int64_t i) { entries.backward_seq(p, t, a, seq_items[i]); });
+      return;
+    }
     const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true);
     ParallelForDynamic(ctx, kv_items.size(),
                        [&](int64_t i) { entries.backward_kv(p, t, a, kv_items[i]); });

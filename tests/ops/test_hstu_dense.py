@@ -490,3 +490,41 @@ def test_paged_error_fewer_keys_than_queries():
 def test_paged_error_keys_longer_than_max_seq_len_k():
     with pytest.raises(tf.errors.InvalidArgumentError, match="> max_seq_len_k = 5"):
         paged(paged_problem(), max_seq_len_k=5)
+
+
+# ---- the two backward paths ---------------------------------------------------------------
+# Many (sequence, kv head) pairs take the one-pass backward; a single sequence takes the
+# two-pass one. Both must match the reference and each other bit for bit.
+
+def _grads(q, k, v, oq, ok, bias, upstream):
+    with tf.GradientTape() as tape:
+        tape.watch([q, k, v, bias])
+        out = recops_tf.hstu_attention(q, k, v, seq_offsets=oq, seq_offsets_k=ok,
+                                       max_seq_len=MAX_Q, max_seq_len_k=MAX_K, attn_bias=bias)
+        loss = tf.reduce_sum(out * upstream)
+    return tape.gradient(loss, [q, k, v, bias])
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_one_pass_backward_matches_reference(dtype):
+    q, k, v, oq, ok = make(dtype, nq=4, nk=4, lens_k=LENS_K)  # 12 items: one-pass path
+    kw = {"num_context": [1, 0, 6, 0], "num_target": [2, 0, 9, 1], "target_group_size": 2}
+    bias = plane(dtype)
+    fused = lambda q, k, v, b: fused_fn(oq, ok, attn_bias=b, **kw)(q, k, v)  # noqa: E731
+    reference = lambda q, k, v, b: ref_fn(oq, ok, attn_bias=b, **kw)(q, k, v)  # noqa: E731
+    assert_gradients_match_reference(fused, reference, [q, k, v, bias], [0, 1, 2, 3], dtype,
+                                     magnitude=3.0, reduction=70)
+
+
+def test_backward_paths_agree_bit_for_bit():
+    q, k, v, oq, ok = make(tf.float32, nq=4, nk=4, lens_k=LENS_K)
+    bias = plane(tf.float32)
+    upstream = random_values([76, 4, 6], tf.float32, 99)
+    batch = _grads(q, k, v, oq, ok, bias, upstream)  # one-pass
+    b = 2  # the 70-row sequence alone: two-pass
+    q2, k2, v2 = q[5:75], k[9:79], v[9:79]
+    alone = _grads(q2, k2, v2, offsets([70]), offsets([70]), bias[b:b + 1], upstream[5:75])
+    np.testing.assert_array_equal(batch[0][5:75].numpy(), alone[0].numpy())
+    np.testing.assert_array_equal(batch[1][9:79].numpy(), alone[1].numpy())
+    np.testing.assert_array_equal(batch[2][9:79].numpy(), alone[2].numpy())
+    np.testing.assert_array_equal(batch[3][b].numpy(), alone[3][0].numpy())
