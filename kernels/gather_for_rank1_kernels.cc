@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/dtypes.h"
+#include "kernels/common/microkernels.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
 #include "kernels/gather_for_rank1.h"
@@ -27,13 +28,7 @@ using BitsOf = std::conditional_t<
 
 // The gather loop, compiled for AVX-512, AVX2 and baseline x86-64 (picked at load time by
 // the CPU) where the compiler supports function multiversioning: the wide targets vectorise
-// the range check and use hardware gathers (~25% faster single-threaded on a Zen 4).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define RECOPS_MULTIVERSION \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define RECOPS_MULTIVERSION
-#endif
+// the range check (~25% faster single-threaded).
 #define RECOPS_GATHER(Bits, Index)                                                            \
   RECOPS_MULTIVERSION void Gather(const Bits* x, int64_t n, const Index* index, Bits* y,      \
                                   int64_t k0, int64_t k1, BadIndexTracker* bad) {             \
@@ -46,7 +41,6 @@ RECOPS_GATHER(uint32_t, int64_t)
 RECOPS_GATHER(uint64_t, int32_t)
 RECOPS_GATHER(uint64_t, int64_t)
 #undef RECOPS_GATHER
-#undef RECOPS_MULTIVERSION
 
 // Templated on the element width only: float16 and bfloat16 share one instantiation.
 template <typename Bits, typename Index>

@@ -240,6 +240,17 @@ RECOPS_INLINE void ScoresDoV(const HstuProblem& p, const HstuOperands<Acc>& a, i
                   kTileK, dp, kTileK);
 }
 
+// Writes n rows of an Acc [n x dim] block to rows r0.. of head `head` of a [rows, heads, dim]
+// output.
+template <typename T, typename Acc>
+RECOPS_INLINE void StoreRows(const Acc* block, int64_t n, int64_t dim, T* out, int64_t heads,
+                             int64_t head, int64_t r0) {
+  for (int64_t r = 0; r < n; ++r) {
+    T* dst = out + ((r0 + r) * heads + head) * dim;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = FromAcc<T, Acc>(block[r * dim + d]);
+  }
+}
+
 // Forward: output rows [row0, row0 + kTileQ) of query head h of sequence b.
 template <typename T, typename Acc, int R>
 RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t,
@@ -267,9 +278,46 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
                       o.data(), p.dim_v);
     }
   }
-  for (int64_t r = 0; r < mq; ++r) {
-    T* dst = t.out + ((oq + i0 + r) * p.heads_q + h) * p.dim_v;
-    for (int64_t e = 0; e < p.dim_v; ++e) dst[e] = FromAcc<T, Acc>(o[r * p.dim_v + e]);
+  StoreRows(o.data(), mq, p.dim_v, t.out, p.heads_q, h, oq + i0);
+}
+
+// One (query block, key block) tile of the backward: recomputes P and dS, adds the tile's
+// dV (Pᵀ·dO) and dK (dSᵀ·Q) into the key block's accumulators; leaves dS in w.dp.
+template <typename T, typename Acc, int R>
+RECOPS_INLINE void BackwardTileKv(const HstuProblem& p, const HstuTensors<T>& t,
+                                  const HstuOperands<Acc>& a, const HstuSeq& s, int64_t b,
+                                  int64_t h, int64_t kv, int64_t i0, int64_t mq, int64_t j0,
+                                  int64_t nk, HstuScratch<Acc>& w, Acc* dk, Acc* dv) {
+  const int64_t oq = p.off_q[b], k_tile = a.tile_base[b] + j0 / kTileK;
+  ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, k_tile, kv, nk, w.s.data());
+  ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, k_tile, kv, nk, w.dp.data());
+  ScoreTile<T, Acc>(p, t, s, b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
+                    w.m.data());
+  TransposeTile(w.s.data(), mq, nk, w.pt.data());
+  TransposeTile(w.dp.data(), mq, nk, w.dst.data());
+  GemmAcc<Acc, R>(nk, p.dim_v, mq, w.pt.data(), kTileQ,
+                  a.dout + ((oq + i0) * p.heads_q + h) * p.dim_v, p.heads_q * p.dim_v, dv,
+                  p.dim_v);
+  GemmAcc<Acc, R>(nk, p.dim_qk, mq, w.dst.data(), kTileQ,
+                  a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk, dk,
+                  p.dim_qk);
+}
+
+// With dS of a tile in w.dp: dQ (of the tile's query rows, ld Dqk) += dS·K, and the bias
+// gradient of the tile = dS.
+template <typename T, typename Acc, int R>
+RECOPS_INLINE void BackwardTileQ(const HstuProblem& p, const HstuTensors<T>& t,
+                                 const HstuOperands<Acc>& a, int64_t b, int64_t h, int64_t kv,
+                                 int64_t i0, int64_t mq, int64_t j0, int64_t nk,
+                                 const HstuScratch<Acc>& w, Acc* dq) {
+  GemmAcc<Acc, R>(mq, p.dim_qk, nk, w.dp.data(), kTileK,
+                  a.k + ((p.off_k[b] + j0) * p.heads_k + kv) * p.dim_qk, p.heads_k * p.dim_qk,
+                  dq, p.dim_qk);
+  if (p.has_bias) {
+    for (int64_t r = 0; r < mq; ++r) {
+      T* row = t.dbias + ((b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
+      for (int64_t c = 0; c < nk; ++c) row[c] = FromAcc<T, Acc>(w.dp[r * kTileK + c]);
+    }
   }
 }
 
@@ -281,34 +329,18 @@ RECOPS_INLINE void HstuBackwardKvItem(const HstuProblem& p, const HstuTensors<T>
   const HstuSeq s = SeqOf(p, item.b);
   const int64_t kv = item.h, group = p.heads_q / p.heads_k;
   const int64_t j0 = item.row0, nk = std::min(kTileK, s.lk - j0);
-  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
   HstuScratch<Acc> w;
   std::vector<Acc> dk(nk * p.dim_qk, Acc(0)), dv(nk * p.dim_v, Acc(0));
   for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
     for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
       const int64_t mq = std::min(kTileQ, s.lq - i0);
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
-      ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
-                        w.dp.data());
-      ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
-                        w.m.data());
-      TransposeTile(w.s.data(), mq, nk, w.pt.data());
-      TransposeTile(w.dp.data(), mq, nk, w.dst.data());
-      GemmAcc<Acc, R>(nk, p.dim_v, mq, w.pt.data(), kTileQ,
-                      a.dout + ((oq + i0) * p.heads_q + h) * p.dim_v, p.heads_q * p.dim_v,
-                      dv.data(), p.dim_v);
-      GemmAcc<Acc, R>(nk, p.dim_qk, mq, w.dst.data(), kTileQ,
-                      a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk,
-                      dk.data(), p.dim_qk);
+      BackwardTileKv<T, Acc, R>(p, t, a, s, item.b, h, kv, i0, mq, j0, nk, w, dk.data(),
+                                dv.data());
     }
   }
-  for (int64_t r = 0; r < nk; ++r) {
-    T* dkr = t.dk + ((ok + j0 + r) * p.heads_k + kv) * p.dim_qk;
-    T* dvr = t.dv + ((ok + j0 + r) * p.heads_k + kv) * p.dim_v;
-    for (int64_t d = 0; d < p.dim_qk; ++d) dkr[d] = FromAcc<T, Acc>(dk[r * p.dim_qk + d]);
-    for (int64_t e = 0; e < p.dim_v; ++e) dvr[e] = FromAcc<T, Acc>(dv[r * p.dim_v + e]);
-  }
+  StoreRows(dk.data(), nk, p.dim_qk, t.dk, p.heads_k, kv, p.off_k[item.b] + j0);
+  StoreRows(dv.data(), nk, p.dim_v, t.dv, p.heads_k, kv, p.off_k[item.b] + j0);
 }
 
 // Backward, query side: dQ of query rows [row0, row0 + kTileQ) of head item.h, and the bias
@@ -319,31 +351,20 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
   const HstuSeq s = SeqOf(p, item.b);
   const int64_t h = item.h, kv = h / (p.heads_q / p.heads_k);
   const int64_t i0 = item.row0, mq = std::min(kTileQ, s.lq - i0);
-  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
+  const int64_t oq = p.off_q[item.b];
   HstuScratch<Acc> w;
   std::vector<Acc> dq(mq * p.dim_qk, Acc(0));
   for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
     const int64_t nk = std::min(kTileK, s.lk - j0);
     if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-    ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
-    ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
-                        w.dp.data());
+    const int64_t k_tile = a.tile_base[item.b] + j0 / kTileK;
+    ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, k_tile, kv, nk, w.s.data());
+    ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, k_tile, kv, nk, w.dp.data());
     ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
                       w.m.data());
-    GemmAcc<Acc, R>(mq, p.dim_qk, nk, w.dp.data(), kTileK,
-                    a.k + ((ok + j0) * p.heads_k + kv) * p.dim_qk, p.heads_k * p.dim_qk,
-                    dq.data(), p.dim_qk);
-    if (p.has_bias) {
-      for (int64_t r = 0; r < mq; ++r) {
-        T* row = t.dbias + ((item.b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
-        for (int64_t c = 0; c < nk; ++c) row[c] = FromAcc<T, Acc>(w.dp[r * kTileK + c]);
-      }
-    }
+    BackwardTileQ<T, Acc, R>(p, t, a, item.b, h, kv, i0, mq, j0, nk, w, dq.data());
   }
-  for (int64_t r = 0; r < mq; ++r) {
-    T* dst = t.dq + ((oq + i0 + r) * p.heads_q + h) * p.dim_qk;
-    for (int64_t d = 0; d < p.dim_qk; ++d) dst[d] = FromAcc<T, Acc>(dq[r * p.dim_qk + d]);
-  }
+  StoreRows(dq.data(), mq, p.dim_qk, t.dq, p.heads_q, h, oq + i0);
 }
 
 // Backward in one pass over a whole (sequence, kv head) (used when there are enough of them to
@@ -370,46 +391,18 @@ RECOPS_INLINE void HstuBackwardSeqItem(const HstuProblem& p, const HstuTensors<T
       for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
         const int64_t mq = std::min(kTileQ, s.lq - i0);
         if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-        ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
-                         w.s.data());
-        ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk,
-                          w.dp.data());
-        ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(),
-                          w.z.data(), w.m.data());
-        TransposeTile(w.s.data(), mq, nk, w.pt.data());
-        TransposeTile(w.dp.data(), mq, nk, w.dst.data());
-        GemmAcc<Acc, R>(nk, p.dim_v, mq, w.pt.data(), kTileQ,
-                        a.dout + ((oq + i0) * p.heads_q + h) * p.dim_v, p.heads_q * p.dim_v,
-                        dv.data(), p.dim_v);
-        GemmAcc<Acc, R>(nk, p.dim_qk, mq, w.dst.data(), kTileQ,
-                        a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk,
-                        dk.data(), p.dim_qk);
-        Acc* dq_tile = dq.data() + (g * s.lq + i0) * p.dim_qk;
-        GemmAcc<Acc, R>(mq, p.dim_qk, nk, w.dp.data(), kTileK,
-                        a.k + ((ok + j0) * p.heads_k + kv) * p.dim_qk, p.heads_k * p.dim_qk,
-                        dq_tile, p.dim_qk);
-        if (p.has_bias) {
-          for (int64_t r = 0; r < mq; ++r) {
-            T* row = t.dbias + ((item.b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
-            for (int64_t c = 0; c < nk; ++c) row[c] = FromAcc<T, Acc>(w.dp[r * kTileK + c]);
-          }
-        }
+        BackwardTileKv<T, Acc, R>(p, t, a, s, item.b, h, kv, i0, mq, j0, nk, w, dk.data(),
+                                  dv.data());
+        BackwardTileQ<T, Acc, R>(p, t, a, item.b, h, kv, i0, mq, j0, nk, w,
+                                 dq.data() + (g * s.lq + i0) * p.dim_qk);
       }
     }
-    for (int64_t r = 0; r < nk; ++r) {
-      T* dkr = t.dk + ((ok + j0 + r) * p.heads_k + kv) * p.dim_qk;
-      T* dvr = t.dv + ((ok + j0 + r) * p.heads_k + kv) * p.dim_v;
-      for (int64_t d = 0; d < p.dim_qk; ++d) dkr[d] = FromAcc<T, Acc>(dk[r * p.dim_qk + d]);
-      for (int64_t e = 0; e < p.dim_v; ++e) dvr[e] = FromAcc<T, Acc>(dv[r * p.dim_v + e]);
-    }
+    StoreRows(dk.data(), nk, p.dim_qk, t.dk, p.heads_k, kv, ok + j0);
+    StoreRows(dv.data(), nk, p.dim_v, t.dv, p.heads_k, kv, ok + j0);
   }
   for (int64_t g = 0; g < group; ++g) {
-    const int64_t h = kv * group + g;
-    for (int64_t i = 0; i < s.lq; ++i) {
-      T* dst = t.dq + ((oq + i) * p.heads_q + h) * p.dim_qk;
-      const Acc* src = dq.data() + (g * s.lq + i) * p.dim_qk;
-      for (int64_t d = 0; d < p.dim_qk; ++d) dst[d] = FromAcc<T, Acc>(src[d]);
-    }
+    StoreRows(dq.data() + g * s.lq * p.dim_qk, s.lq, p.dim_qk, t.dq, p.heads_q, kv * group + g,
+              oq);
   }
 }
 

@@ -152,6 +152,26 @@ const Acc* TileTranspose(OpKernelContext* ctx, const HstuProblem& p, const T* x,
   return out;
 }
 
+// Keys (and, for the backward, values) in transposed tiles, owned here, viewed by `a`.
+template <typename Acc>
+struct TiledKeys {
+  std::vector<int64_t> tile_base;
+  Scratch<Acc> kt, vt;
+};
+
+template <typename T, typename Acc>
+void TileKeys(OpKernelContext* ctx, const HstuProblem& p, const HstuTensors<T>& t,
+              bool with_values, TiledKeys<Acc>* store, HstuOperands<Acc>* a) {
+  a->num_tiles = KeyTiles(p, &store->tile_base);
+  a->tile_base = store->tile_base.data();
+  a->kt = TileTranspose<T, Acc>(ctx, p, t.k, p.heads_k, p.dim_qk, store->tile_base,
+                                a->num_tiles, &store->kt);
+  if (with_values) {
+    a->vt = TileTranspose<T, Acc>(ctx, p, t.v, p.heads_k, p.dim_v, store->tile_base,
+                                  a->num_tiles, &store->vt);
+  }
+}
+
 // Attributes and validated inputs shared by the forward and backward kernels. Input indices
 // are those of the forward op; the backward's are shifted by one (grad comes first).
 class HstuBase : public OpKernel {
@@ -321,14 +341,11 @@ void RunForward(OpKernelContext* ctx, const HstuProblem& p, const Tensor& q, con
   t.bias = bias && bias->NumElements() ? bias->flat<T>().data() : nullptr;
   t.out = out->flat<T>().data();
   using Acc = AccumT<T>;
-  Scratch<Acc> v_buf, kt_buf;
+  Scratch<Acc> v_buf;
   HstuOperands<Acc> a;
   if constexpr (!std::is_same_v<T, Eigen::bfloat16>) a.v = AsAcc<T, Acc>(ctx, v, &v_buf);
-  std::vector<int64_t> tile_base;
-  a.num_tiles = KeyTiles(p, &tile_base);
-  a.tile_base = tile_base.data();
-  a.kt = TileTranspose<T, Acc>(ctx, p, t.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles,
-                               &kt_buf);
+  TiledKeys<Acc> tiles;
+  TileKeys<T, Acc>(ctx, p, t, /*with_values=*/false, &tiles, &a);
   const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false);
   const auto forward = Entries(t.q).forward;
   ParallelForDynamic(ctx, items.size(), [&](int64_t i) { forward(p, t, a, items[i]); });
@@ -499,18 +516,13 @@ class HstuDenseBackwardOp : public HstuBase {
     dq->flat<T>().setZero();
     if (p.has_bias) dbias->flat<T>().setZero();
     using Acc = AccumT<T>;
-    Scratch<Acc> q_buf, k_buf, do_buf, kt_buf, vt_buf;
+    Scratch<Acc> q_buf, k_buf, do_buf;
     HstuOperands<Acc> a;
     a.dout = AsAcc<T, Acc>(ctx, grad, &do_buf);
     a.q = AsAcc<T, Acc>(ctx, q, &q_buf);
     a.k = AsAcc<T, Acc>(ctx, ctx->input(2), &k_buf);
-    std::vector<int64_t> tile_base;
-    a.num_tiles = KeyTiles(p, &tile_base);
-    a.tile_base = tile_base.data();
-    a.kt = TileTranspose<T, Acc>(ctx, p, t.k, p.heads_k, p.dim_qk, tile_base, a.num_tiles,
-                                 &kt_buf);
-    a.vt = TileTranspose<T, Acc>(ctx, p, t.v, p.heads_k, p.dim_v, tile_base, a.num_tiles,
-                                 &vt_buf);
+    TiledKeys<Acc> tiles;
+    TileKeys<T, Acc>(ctx, p, t, /*with_values=*/true, &tiles, &a);
     const HstuEntries<T>& entries = Entries(t.q);
     // One pass per (sequence, kv head) when those items alone keep the threads busy;
     // otherwise (few, long sequences) two passes over 64-row blocks. Same bits either way.
