@@ -72,6 +72,16 @@ RECOPS_INLINE bool HstuVisible(const HstuProblem& p, const HstuSeq& s, int64_t i
   return vis;
 }
 
+// True if row i's visibility over columns below j_end is just the causal / window interval
+// (no context-row or target-group rule applies to it).
+RECOPS_INLINE bool HstuPlainRow(const HstuProblem& p, const HstuSeq& s, int64_t i,
+                                int64_t j_end) {
+  if (p.mask_type != HstuMask::kCausal) return true;
+  if (s.ctx > 0 && i < s.ctx) return false;
+  if (p.group > 0 && s.tgt > 0 && i >= s.lq - s.tgt && j_end > s.lk - s.tgt) return false;
+  return true;
+}
+
 // Conservative: false only if no (i, j) of the tile can be visible.
 inline bool HstuTileMaybeVisible(const HstuProblem& p, const HstuSeq& s, int64_t i0, int64_t i1,
                                  int64_t j0, int64_t j1) {
@@ -167,6 +177,13 @@ RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const 
                           : nullptr;
   if (full) {
     for (int64_t c = 0; c < nk; ++c) m[c] = scale;
+  } else if (HstuPlainRow(p, s, i, j0 + nk)) {
+    // Visible columns form one interval [lo, hi] (causal and window bounds only).
+    int64_t lo = 0, hi = nk - 1;
+    if (p.mask_type == HstuMask::kCausal) hi = std::min(hi, i + s.delta - j0);
+    if (p.window_left >= 0) lo = std::max(lo, i + s.delta - p.window_left - j0);
+    if (p.window_right >= 0) hi = std::min(hi, i + s.delta + p.window_right - j0);
+    for (int64_t c = 0; c < nk; ++c) m[c] = c >= lo && c <= hi ? scale : Acc(0);
   } else {
     for (int64_t c = 0; c < nk; ++c) m[c] = HstuVisible(p, s, i, j0 + c) ? scale : Acc(0);
   }
