@@ -234,16 +234,15 @@ RECOPS_INLINE void TransposeTile(const Acc* src, int64_t rows, int64_t cols, Acc
   }
 }
 
-// S tile = Q rows [i0, i0+mq) of head h times Kᵀ columns [j0, j0+nk) of kv head kv.
-// (q: the queries, in the input dtype or already in Acc.)
+// S tile = the query rows at q_rows (row stride lda; the input dtype or Acc) times Kᵀ columns
+// of key tile k_tile of kv head kv.
 template <typename Acc, int R, typename TQ>
-RECOPS_INLINE void ScoresQK(const HstuProblem& p, const HstuOperands<Acc>& a, const TQ* q,
-                            int64_t q_row, int64_t h, int64_t mq, int64_t k_tile, int64_t kv,
-                            int64_t nk, Acc* s) {
+RECOPS_INLINE void ScoresQK(const HstuProblem& p, const HstuOperands<Acc>& a, const TQ* q_rows,
+                            int64_t lda, int64_t mq, int64_t k_tile, int64_t kv, int64_t nk,
+                            Acc* s) {
   std::fill(s, s + kTileQ * kTileK, Acc(0));
-  GemmAcc<Acc, R, TQ>(mq, nk, p.dim_qk, q + (q_row * p.heads_q + h) * p.dim_qk,
-                  p.heads_q * p.dim_qk, a.kt + (kv * a.num_tiles + k_tile) * p.dim_qk * kTileK,
-                  kTileK, s, kTileK);
+  GemmAcc<Acc, R, TQ>(mq, nk, p.dim_qk, q_rows, lda,
+                      a.kt + (kv * a.num_tiles + k_tile) * p.dim_qk * kTileK, kTileK, s, kTileK);
 }
 
 // dP tile = dO rows of head h times Vᵀ columns of kv head kv.
@@ -278,10 +277,25 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
   const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
   HstuScratch<Acc> w;
   std::vector<Acc> o(mq * p.dim_v, Acc(0));
+  // The query block as A operand: float32 / float64 in place; narrower types converted once
+  // here rather than at every broadcast of every key tile.
+  const T* q_in = t.q + ((oq + i0) * p.heads_q + h) * p.dim_qk;
+  std::vector<Acc> q_block(std::is_same_v<T, Acc> ? 0 : mq * p.dim_qk);
+  for (int64_t r = 0; r < static_cast<int64_t>(q_block.size()) / std::max<int64_t>(p.dim_qk, 1);
+       ++r) {
+    for (int64_t d = 0; d < p.dim_qk; ++d) {
+      q_block[r * p.dim_qk + d] = ToAcc<T, Acc>(q_in[r * p.heads_q * p.dim_qk + d]);
+    }
+  }
   for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
     const int64_t nk = std::min(kTileK, s.lk - j0);
     if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-    ScoresQK<Acc, R>(p, a, t.q, oq + i0, h, mq, a.tile_base[item.b] + j0 / kTileK, kv, nk, w.s.data());
+    const int64_t k_tile = a.tile_base[item.b] + j0 / kTileK;
+    if constexpr (std::is_same_v<T, Acc>) {
+      ScoresQK<Acc, R>(p, a, q_in, p.heads_q * p.dim_qk, mq, k_tile, kv, nk, w.s.data());
+    } else {
+      ScoresQK<Acc, R>(p, a, q_block.data(), p.dim_qk, mq, k_tile, kv, nk, w.s.data());
+    }
     ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), nullptr, w.z.data(),
                       w.m.data());
     if constexpr (std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Acc>) {
@@ -306,7 +320,8 @@ RECOPS_INLINE void BackwardTileKv(const HstuProblem& p, const HstuTensors<T>& t,
                                   int64_t h, int64_t kv, int64_t i0, int64_t mq, int64_t j0,
                                   int64_t nk, HstuScratch<Acc>& w, Acc* dk, Acc* dv) {
   const int64_t oq = p.off_q[b], k_tile = a.tile_base[b] + j0 / kTileK;
-  ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, k_tile, kv, nk, w.s.data());
+  ScoresQK<Acc, R>(p, a, a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk, mq,
+                   k_tile, kv, nk, w.s.data());
   ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, k_tile, kv, nk, w.dp.data());
   ScoreTile<T, Acc>(p, t, s, b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
                     w.m.data());
@@ -375,7 +390,8 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
     const int64_t nk = std::min(kTileK, s.lk - j0);
     if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
     const int64_t k_tile = a.tile_base[item.b] + j0 / kTileK;
-    ScoresQK<Acc, R>(p, a, a.q, oq + i0, h, mq, k_tile, kv, nk, w.s.data());
+    ScoresQK<Acc, R>(p, a, a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk, mq,
+                   k_tile, kv, nk, w.s.data());
     ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, k_tile, kv, nk, w.dp.data());
     ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
                       w.m.data());
