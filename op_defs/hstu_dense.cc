@@ -10,6 +10,18 @@ using tensorflow::shape_inference::DimensionHandle;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
+// The inputs shared by the forward and the backward (which takes grad first).
+#define RECOPS_HSTU_INPUTS          \
+  Input("q: T")                     \
+      .Input("k: T")                \
+      .Input("v: T")                \
+      .Input("seq_offsets_q: Tidx") \
+      .Input("seq_offsets_k: Tidx") \
+      .Input("num_context: Tidx")   \
+      .Input("num_target: Tidx")    \
+      .Input("mask: T")             \
+      .Input("attn_bias: T")
+
 #define RECOPS_HSTU_ATTRS                                       \
   Attr("T: {float, half, bfloat16, double}")                    \
       .Attr("Tidx: {int32, int64} = DT_INT64")                  \
@@ -24,15 +36,7 @@ using tensorflow::shape_inference::ShapeHandle;
       .Attr("has_bias: bool = false")
 
 REGISTER_OP("Recops>HstuDenseForward")
-    .Input("q: T")
-    .Input("k: T")
-    .Input("v: T")
-    .Input("seq_offsets_q: Tidx")
-    .Input("seq_offsets_k: Tidx")
-    .Input("num_context: Tidx")
-    .Input("num_target: Tidx")
-    .Input("mask: T")
-    .Input("attn_bias: T")
+    .RECOPS_HSTU_INPUTS
     .Output("output: T")
     .RECOPS_HSTU_ATTRS
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
@@ -57,15 +61,7 @@ num_context / num_target: empty or [B]; mask / attn_bias: [B, Nq, max_seq_len, m
 
 REGISTER_OP("Recops>HstuDenseBackward")
     .Input("grad: T")
-    .Input("q: T")
-    .Input("k: T")
-    .Input("v: T")
-    .Input("seq_offsets_q: Tidx")
-    .Input("seq_offsets_k: Tidx")
-    .Input("num_context: Tidx")
-    .Input("num_target: Tidx")
-    .Input("mask: T")
-    .Input("attn_bias: T")
+    .RECOPS_HSTU_INPUTS
     .Output("dq: T")
     .Output("dk: T")
     .Output("dv: T")
@@ -88,6 +84,7 @@ Gradients of HstuDenseForward (recomputes scores per tile): dq, dk, dv, and d_at
 )doc");
 
 #undef RECOPS_HSTU_ATTRS
+#undef RECOPS_HSTU_INPUTS
 
 REGISTER_OP("Recops>HstuPagedForward")
     .Input("q: T")
