@@ -2,36 +2,49 @@
 
 namespace recops {
 
-std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side) {
-  std::vector<HstuItem> items;
+std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side, int64_t threads) {
+  // Cost of every 64-row block of every sequence: the tiles of the other side it may see
+  // (times the query heads sharing a kv head on the k side).
   const int64_t heads = kv_side ? p.heads_k : p.heads_q;
-  const int64_t block = kv_side ? kTileK : kTileQ;
+  const int64_t per_head = kv_side ? p.heads_q / p.heads_k : 1;
+  std::vector<std::vector<int64_t>> block_cost(p.batch);
+  int64_t total = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     const HstuSeq s = SeqOf(p, b);
-    const int64_t rows = kv_side ? s.lk : s.lq;
-    for (int64_t r0 = 0; r0 < rows; r0 += block) {
-      // Cost: the tiles this block meets that may be visible.
+    const int64_t rows = kv_side ? s.lk : s.lq, other = kv_side ? s.lq : s.lk;
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+      const int64_t r1 = std::min(r0 + kTile, rows);
       int64_t tiles = 0;
-      const int64_t other = kv_side ? s.lq : s.lk, other_block = kv_side ? kTileQ : kTileK;
-      for (int64_t o0 = 0; o0 < other; o0 += other_block) {
-        const int64_t r1 = std::min(r0 + block, rows), o1 = std::min(o0 + other_block, other);
+      for (int64_t o0 = 0; o0 < other; o0 += kTile) {
+        const int64_t o1 = std::min(o0 + kTile, other);
         tiles += kv_side ? HstuTileMaybeVisible(p, s, o0, o1, r0, r1)
                          : HstuTileMaybeVisible(p, s, r0, r1, o0, o1);
       }
-      if (kv_side) tiles *= p.heads_q / p.heads_k;
-      for (int64_t h = 0; h < heads; ++h) items.push_back({b, h, r0, tiles + 1});
+      block_cost[b].push_back(tiles * per_head + 1);
+      total += (tiles * per_head + 1) * heads;
     }
   }
-  // Longest sequences first (balance), and within a sequence its items together, head by
-  // head, so consecutive items reuse the same key / value tiles from cache.
-  std::vector<int64_t> seq_cost(p.batch, 0);
-  for (const HstuItem& it : items) seq_cost[it.b] += it.cost;
-  std::stable_sort(items.begin(), items.end(), [&](const HstuItem& a, const HstuItem& b) {
-    if (seq_cost[a.b] != seq_cost[b.b]) return seq_cost[a.b] > seq_cost[b.b];
-    if (a.b != b.b) return a.b < b.b;
-    if (a.h != b.h) return a.h < b.h;
-    return a.cost > b.cost;
-  });
+  // Chunks of consecutive blocks of about `target` cost: a whole (sequence, head) unless that
+  // is more than 1/8 of a thread's share.
+  const int64_t target = std::max<int64_t>(1, total / (8 * std::max<int64_t>(threads, 1)));
+  std::vector<HstuItem> items;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t rows = kv_side ? p.off_k[b + 1] - p.off_k[b] : p.off_q[b + 1] - p.off_q[b];
+    for (int64_t h = 0; h < heads; ++h) {
+      int64_t start = 0, cost = 0;
+      for (size_t blk = 0; blk < block_cost[b].size(); ++blk) {
+        cost += block_cost[b][blk];
+        const int64_t end = std::min<int64_t>((blk + 1) * kTile, rows);
+        if (cost >= target || end == rows) {
+          items.push_back({b, h, start, end, cost});
+          start = end;
+          cost = 0;
+        }
+      }
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });
   return items;
 }
 
@@ -47,7 +60,7 @@ std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p) {
                                       std::min(j0 + kTileK, s.lk));
       }
     }
-    for (int64_t h = 0; h < p.heads_k; ++h) items.push_back({b, h, 0, tiles + 1});
+    for (int64_t h = 0; h < p.heads_k; ++h) items.push_back({b, h, 0, s.lk, tiles + 1});
   }
   std::stable_sort(items.begin(), items.end(),
                    [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });

@@ -126,45 +126,96 @@ struct HstuTensors {
   T* dbias = nullptr;
 };
 
-// One query block of one (sequence, head) in the work list.
+// A work item: rows [row0, row1) of the q side (forward, dQ; h a query head) or of the k side
+// (dK, dV; h a kv head) of sequence b; row0 is a multiple of kTile.
 struct HstuItem {
-  int64_t b, h, row0;  // h: query head (forward, dQ) or kv head (dK, dV)
-  int64_t cost;
+  int64_t b, h, row0, row1;
+  int64_t cost;  // visible tiles (estimate)
 };
 
-// Work items (b, head, block start) over blocks of `block` rows of the q side (kv_side =
-// false, heads = heads_q) or the k side (kv_side = true, heads = heads_k), with a cost estimate
-// (visible tiles), most expensive first.
-std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side);
+// Work items over the q side (kv_side = false, heads = heads_q) or the k side (kv_side = true,
+// heads = heads_k): each (sequence, head) is one item, or several consecutive chunks of 64-row
+// blocks when that is needed to give every one of `threads` threads about 8 items of similar
+// cost. Most expensive first.
+std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side, int64_t threads);
 
 // One item per (sequence, kv head) with a non-empty sequence, most expensive first.
 std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p);
 
-// The operands of the tiles in the accumulation type, prepared once per op call (for float32
-// inputs q, k, v, dO are the inputs themselves; narrower inputs are converted once, and only
-// where a GEMM reads them as vectors): tiles are then strided views, never copies.
+constexpr int64_t kTile = 64;
+static_assert(kTileQ == kTile && kTileK == kTile, "query and key tiles share one layout");
+
+// Per-thread scratch of the work items, grown on demand and reused across items and op calls
+// (fresh per-call buffers page-fault on every call: ~3x the page faults and ~15% slower at
+// L = 1024, measured). Operands are packed per item into zero-padded tiles of kTile rows so
+// that every tile GEMM reads contiguous blocks (rows 1 KB apart in [rows, heads, dim] conflict
+// in L1) and runs over whole register blocks:
+//   row tiles [tiles, kTile, dim]; transposed tiles [tiles, dim, kTile] (a tile's Kᵀ is then
+//   one [dim x 64] block).
 template <typename Acc>
-struct HstuOperands {
-  const Acc* q = nullptr;     // [Tq, Nq, Dqk] (backward; the forward reads the input)
-  const Acc* k = nullptr;     // [Tk, Nk, Dqk] (backward)
-  const Acc* v = nullptr;     // [Tk, Nk, Dv] (forward)
-  // K and V transposed in key tiles: [Nk, num_tiles, dim, kTileK], tile t of sequence b
-  // holding its keys [64 t', 64 t' + 64) with t = tile_base[b] + t'. A tile's Kᵀ is then one
-  // contiguous [dim x 64] block (ld 64) instead of 64 rows strided by the whole key count.
-  const Acc* kt = nullptr;
-  const Acc* vt = nullptr;  // (backward)
-  const Acc* dout = nullptr;  // [Tq, Nq, Dv] (backward)
-  const int64_t* tile_base = nullptr;  // [B]
-  int64_t num_tiles = 0;
+struct HstuWorkspace {
+  static HstuWorkspace& ForThread() {
+    thread_local HstuWorkspace w;
+    return w;
+  }
+  // Buffer `slot` with room for n elements (contents unspecified).
+  Acc* Get(int slot, int64_t n) {
+    std::vector<Acc>& buf = buffers[slot];
+    if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+    return buf.data();
+  }
+  enum Slot : int { kQ, kDout, kK, kKt, kVt, kV, kAcc, kAcc2, kNumSlots };
+  std::vector<Acc> buffers[kNumSlots];
+  // Tile buffers (kTile x kTile) and row buffers (kTile).
+  Acc s[kTile * kTile], dp[kTile * kTile], pt[kTile * kTile], dst[kTile * kTile];
+  Acc z[kTile], m[kTile], sig[kTile];
 };
 
-template <typename Acc>
-struct HstuScratch {
-  HstuScratch()
-      : s(kTileQ * kTileK), dp(kTileQ * kTileK), pt(kTileK * kTileQ), dst(kTileK * kTileQ),
-        z(kTileK), m(kTileK) {}
-  std::vector<Acc> s, dp, pt, dst, z, m;
-};
+// Rows [r0, r0 + n) of head `head` of x [rows, heads, dim] into ceil(n / kTile) tiles at dst
+// (row tiles, or transposed), converted to Acc; padding is zero.
+template <typename T, typename Acc>
+RECOPS_INLINE void PackTiles(const T* x, int64_t heads, int64_t head, int64_t dim, int64_t r0,
+                             int64_t n, bool transpose, Acc* dst) {
+  for (int64_t t0 = 0; t0 < n; t0 += kTile) {
+    const int64_t rows = std::min(kTile, n - t0);
+    Acc* tile = dst + t0 * dim;
+    const T* src = x + ((r0 + t0) * heads + head) * dim;
+    const int64_t ld = heads * dim;
+    if (transpose) {
+      if (rows < kTile) std::fill(tile, tile + kTile * dim, Acc(0));
+      for (int64_t d = 0; d < dim; ++d) {
+        for (int64_t r = 0; r < rows; ++r) tile[d * kTile + r] = ToAcc<T, Acc>(src[r * ld + d]);
+      }
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t d = 0; d < dim; ++d) tile[r * dim + d] = ToAcc<T, Acc>(src[r * ld + d]);
+      }
+      std::fill(tile + rows * dim, tile + kTile * dim, Acc(0));
+    }
+  }
+}
+
+// The rows of the other side that rows [r0, r1) of one side may see, as whole tiles
+// [lo, hi) (lo a multiple of kTile; hi clipped to the sequence); lo >= hi if none.
+inline void VisibleRange(const HstuProblem& p, const HstuSeq& s, bool kv_side, int64_t r0,
+                         int64_t r1, int64_t* lo, int64_t* hi) {
+  const int64_t other = kv_side ? s.lq : s.lk;
+  *lo = other;
+  *hi = 0;
+  for (int64_t o0 = 0; o0 < other; o0 += kTile) {
+    const int64_t o1 = std::min(o0 + kTile, other);
+    bool any = false;
+    for (int64_t x0 = r0; x0 < r1 && !any; x0 += kTile) {
+      const int64_t x1 = std::min(x0 + kTile, r1);
+      any = kv_side ? HstuTileMaybeVisible(p, s, o0, o1, x0, x1)
+                    : HstuTileMaybeVisible(p, s, x0, x1, o0, o1);
+    }
+    if (any) {
+      *lo = std::min(*lo, o0);
+      *hi = o1;
+    }
+  }
+}
 
 // Mask factors (scale · mask value · visibility) for row i of a tile, columns j0..j0+nk.
 template <typename T, typename Acc>
@@ -193,13 +244,17 @@ RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const 
 }
 
 // Scores of one tile -> P (in place in `sc`), and with `dp` given, dS (in place in `dp`,
-// which holds dO·Vᵀ on entry). Rounding to T where the spec's kernels round.
-template <typename T, typename Acc>
+// which holds dO·Vᵀ on entry). Rounding to T where the spec's kernels round. Only rows < mq
+// and columns < nk are meaningful afterwards.
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
                              int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
-                             int64_t nk, Acc* sc, Acc* dp, Acc* z, Acc* m) {
+                             int64_t nk, Acc* sc, Acc* dp, HstuWorkspace<Acc>& w) {
   const bool full = HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
   const Acc alpha = static_cast<Acc>(p.alpha);
+  Acc* z = w.z;
+  Acc* m = w.m;
+  Acc* sig = w.sig;
   for (int64_t r = 0; r < mq; ++r) {
     const int64_t i = i0 + r;
     Acc* srow = sc + r * kTileK;
@@ -212,48 +267,33 @@ RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, cons
     } else {
       for (int64_t c = 0; c < nk; ++c) z[c] = alpha * RoundTo<T, Acc>(srow[c]);
     }
+    SigmoidRow<I>(z, nk, sig);
     if (dp == nullptr) {
-      for (int64_t c = 0; c < nk; ++c) srow[c] = RoundTo<T, Acc>(z[c] * Sigmoid(z[c]) * m[c]);
+      for (int64_t c = 0; c < nk; ++c) srow[c] = RoundTo<T, Acc>(z[c] * sig[c] * m[c]);
     } else {
       Acc* dprow = dp + r * kTileK;
       for (int64_t c = 0; c < nk; ++c) {
-        const Acc sig = Sigmoid(z[c]);
-        srow[c] = RoundTo<T, Acc>(z[c] * sig * m[c]);
-        const Acc dsilu = sig * (Acc(1) + z[c] * (Acc(1) - sig));
+        srow[c] = RoundTo<T, Acc>(z[c] * sig[c] * m[c]);
+        const Acc dsilu = sig[c] * (Acc(1) + z[c] * (Acc(1) - sig[c]));
         dprow[c] = RoundTo<T, Acc>(alpha * m[c] * dsilu * RoundTo<T, Acc>(dprow[c]));
       }
     }
   }
 }
 
-// Transposes the [rows x cols] tile (ld kTileK) into [cols x rows] (ld kTileQ).
+// Transposes the [rows x cols] tile (ld kTile) into [cols x rows] (ld kTile).
 template <typename Acc>
 RECOPS_INLINE void TransposeTile(const Acc* src, int64_t rows, int64_t cols, Acc* dst) {
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) dst[c * kTileQ + r] = src[r * kTileK + c];
+    for (int64_t c = 0; c < cols; ++c) dst[c * kTile + r] = src[r * kTile + c];
   }
 }
 
-// S tile = the query rows at q_rows (row stride lda; the input dtype or Acc) times Kᵀ columns
-// of key tile k_tile of kv head kv.
-template <typename Acc, int R, typename TQ>
-RECOPS_INLINE void ScoresQK(const HstuProblem& p, const HstuOperands<Acc>& a, const TQ* q_rows,
-                            int64_t lda, int64_t mq, int64_t k_tile, int64_t kv, int64_t nk,
-                            Acc* s) {
-  std::fill(s, s + kTileQ * kTileK, Acc(0));
-  GemmAcc<Acc, R, TQ>(mq, nk, p.dim_qk, q_rows, lda,
-                      a.kt + (kv * a.num_tiles + k_tile) * p.dim_qk * kTileK, kTileK, s, kTileK);
-}
-
-// dP tile = dO rows of head h times Vᵀ columns of kv head kv.
-template <typename Acc, int R>
-RECOPS_INLINE void ScoresDoV(const HstuProblem& p, const HstuOperands<Acc>& a, int64_t q_row,
-                             int64_t h, int64_t mq, int64_t k_tile, int64_t kv, int64_t nk,
-                             Acc* dp) {
-  std::fill(dp, dp + kTileQ * kTileK, Acc(0));
-  GemmAcc<Acc, R>(mq, nk, p.dim_v, a.dout + (q_row * p.heads_q + h) * p.dim_v,
-                  p.heads_q * p.dim_v, a.vt + (kv * a.num_tiles + k_tile) * p.dim_v * kTileK,
-                  kTileK, dp, kTileK);
+// C tile [kTile x kTile] = A row tile (mq rows, ld dim) times a transposed tile (all kTile
+// columns; padding columns give zeros): S = Q·Kᵀ or dP = dO·Vᵀ.
+template <typename Acc, Isa I>
+RECOPS_INLINE void TileTimesT(const Acc* a, int64_t mq, int64_t dim, const Acc* bt, Acc* c) {
+  GemmAcc<Acc, kGemmRows<I>, true>(RoundRows<I>(mq), kTile, dim, a, dim, bt, kTile, c, kTile);
 }
 
 // Writes n rows of an Acc [n x dim] block to rows r0.. of head `head` of a [rows, heads, dim]
@@ -267,137 +307,195 @@ RECOPS_INLINE void StoreRows(const Acc* block, int64_t n, int64_t dim, T* out, i
   }
 }
 
-// Forward: output rows [row0, row0 + kTileQ) of query head h of sequence b.
-template <typename T, typename Acc, int R>
+// Forward: output rows [row0, row1) of query head h of sequence b.
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t,
-                                   const HstuOperands<Acc>& a, const HstuItem& item) {
+                                   const HstuItem& item) {
+  using W = HstuWorkspace<Acc>;
   const HstuSeq s = SeqOf(p, item.b);
   const int64_t h = item.h, kv = h / (p.heads_q / p.heads_k);
-  const int64_t i0 = item.row0, mq = std::min(kTileQ, s.lq - i0);
   const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
-  HstuScratch<Acc> w;
-  std::vector<Acc> o(mq * p.dim_v, Acc(0));
-  // The query block as A operand: float32 / float64 in place; narrower types converted once
-  // here rather than at every broadcast of every key tile.
-  const T* q_in = t.q + ((oq + i0) * p.heads_q + h) * p.dim_qk;
-  std::vector<Acc> q_block(std::is_same_v<T, Acc> ? 0 : mq * p.dim_qk);
-  for (int64_t r = 0; r < static_cast<int64_t>(q_block.size()) / std::max<int64_t>(p.dim_qk, 1);
-       ++r) {
-    for (int64_t d = 0; d < p.dim_qk; ++d) {
-      q_block[r * p.dim_qk + d] = ToAcc<T, Acc>(q_in[r * p.heads_q * p.dim_qk + d]);
+  W& w = W::ForThread();
+  int64_t j_lo, j_hi;
+  VisibleRange(p, s, /*kv_side=*/false, item.row0, item.row1, &j_lo, &j_hi);
+  const int64_t keys = std::max<int64_t>(j_hi - j_lo, 0), key_tiles = (keys + kTile - 1) / kTile;
+  Acc* kt = w.Get(W::kKt, key_tiles * kTile * p.dim_qk);
+  Acc* v = w.Get(W::kV, key_tiles * kTile * p.dim_v);
+  PackTiles<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j_lo, keys, /*transpose=*/true, kt);
+  PackTiles<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j_lo, keys, /*transpose=*/false, v);
+  Acc* q = w.Get(W::kQ, kTile * p.dim_qk);
+  Acc* o = w.Get(W::kAcc, kTile * p.dim_v);
+  for (int64_t i0 = item.row0; i0 < item.row1; i0 += kTile) {
+    const int64_t mq = std::min(kTile, item.row1 - i0);
+    PackTiles<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, /*transpose=*/false, q);
+    std::fill(o, o + kTile * p.dim_v, Acc(0));
+    for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
+      const int64_t nk = std::min(kTile, s.lk - j0), tile = (j0 - j_lo) / kTile;
+      if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+      TileTimesT<Acc, I>(q, mq, p.dim_qk, kt + tile * kTile * p.dim_qk, w.s);
+      ScoreTile<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, w.s, nullptr, w);
+      GemmAcc<Acc, kGemmRows<I>>(RoundRows<I>(mq), p.dim_v, nk, w.s, kTile,
+                                 v + tile * kTile * p.dim_v, p.dim_v, o, p.dim_v);
     }
+    StoreRows(o, mq, p.dim_v, t.out, p.heads_q, h, oq + i0);
   }
-  for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
-    const int64_t nk = std::min(kTileK, s.lk - j0);
-    if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-    const int64_t k_tile = a.tile_base[item.b] + j0 / kTileK;
-    if constexpr (std::is_same_v<T, Acc>) {
-      ScoresQK<Acc, R>(p, a, q_in, p.heads_q * p.dim_qk, mq, k_tile, kv, nk, w.s.data());
-    } else {
-      ScoresQK<Acc, R>(p, a, q_block.data(), p.dim_qk, mq, k_tile, kv, nk, w.s.data());
-    }
-    ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), nullptr, w.z.data(),
-                      w.m.data());
-    if constexpr (std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Acc>) {
-      // V read in its own dtype (bfloat16 widens as it loads): no converted copy.
-      GemmAcc<Acc, R, Acc, T>(mq, p.dim_v, nk, w.s.data(), kTileK,
-                              t.v + ((ok + j0) * p.heads_k + kv) * p.dim_v, p.heads_k * p.dim_v,
-                              o.data(), p.dim_v);
-    } else {
-      GemmAcc<Acc, R>(mq, p.dim_v, nk, w.s.data(), kTileK,
-                      a.v + ((ok + j0) * p.heads_k + kv) * p.dim_v, p.heads_k * p.dim_v,
-                      o.data(), p.dim_v);
-    }
-  }
-  StoreRows(o.data(), mq, p.dim_v, t.out, p.heads_q, h, oq + i0);
 }
 
-// One (query block, key block) tile of the backward: recomputes P and dS, adds the tile's
-// dV (Pᵀ·dO) and dK (dSᵀ·Q) into the key block's accumulators; leaves dS in w.dp.
-template <typename T, typename Acc, int R>
+// One (query block, key block) tile of the backward, from packed tiles (q, dO: row tiles of
+// the query block; kt, vt: transposed tiles of the key block): recomputes P and dS, adds the
+// tile's dV (Pᵀ·dO) and dK (dSᵀ·Q) into the key block's accumulators (kTile rows); leaves dS
+// in w.dp.
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void BackwardTileKv(const HstuProblem& p, const HstuTensors<T>& t,
-                                  const HstuOperands<Acc>& a, const HstuSeq& s, int64_t b,
-                                  int64_t h, int64_t kv, int64_t i0, int64_t mq, int64_t j0,
-                                  int64_t nk, HstuScratch<Acc>& w, Acc* dk, Acc* dv) {
-  const int64_t oq = p.off_q[b], k_tile = a.tile_base[b] + j0 / kTileK;
-  ScoresQK<Acc, R>(p, a, a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk, mq,
-                   k_tile, kv, nk, w.s.data());
-  ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, k_tile, kv, nk, w.dp.data());
-  ScoreTile<T, Acc>(p, t, s, b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
-                    w.m.data());
-  TransposeTile(w.s.data(), mq, nk, w.pt.data());
-  TransposeTile(w.dp.data(), mq, nk, w.dst.data());
-  GemmAcc<Acc, R>(nk, p.dim_v, mq, w.pt.data(), kTileQ,
-                  a.dout + ((oq + i0) * p.heads_q + h) * p.dim_v, p.heads_q * p.dim_v, dv,
-                  p.dim_v);
-  GemmAcc<Acc, R>(nk, p.dim_qk, mq, w.dst.data(), kTileQ,
-                  a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk, dk,
-                  p.dim_qk);
+                                  const HstuSeq& s, int64_t b, int64_t h, int64_t i0,
+                                  int64_t mq, int64_t j0, int64_t nk, const Acc* q,
+                                  const Acc* dout, const Acc* kt, const Acc* vt,
+                                  HstuWorkspace<Acc>& w, Acc* dk, Acc* dv) {
+  TileTimesT<Acc, I>(q, mq, p.dim_qk, kt, w.s);
+  TileTimesT<Acc, I>(dout, mq, p.dim_v, vt, w.dp);
+  ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, w.dp, w);
+  TransposeTile(w.s, mq, nk, w.pt);
+  TransposeTile(w.dp, mq, nk, w.dst);
+  constexpr int R = kGemmRows<I>;
+  GemmAcc<Acc, R>(RoundRows<I>(nk), p.dim_v, mq, w.pt, kTile, dout, p.dim_v, dv, p.dim_v);
+  GemmAcc<Acc, R>(RoundRows<I>(nk), p.dim_qk, mq, w.dst, kTile, q, p.dim_qk, dk, p.dim_qk);
 }
 
-// With dS of a tile in w.dp: dQ (of the tile's query rows, ld Dqk) += dS·K, and the bias
-// gradient of the tile = dS.
-template <typename T, typename Acc, int R>
-RECOPS_INLINE void BackwardTileQ(const HstuProblem& p, const HstuTensors<T>& t,
-                                 const HstuOperands<Acc>& a, int64_t b, int64_t h, int64_t kv,
-                                 int64_t i0, int64_t mq, int64_t j0, int64_t nk,
-                                 const HstuScratch<Acc>& w, Acc* dq) {
-  GemmAcc<Acc, R>(mq, p.dim_qk, nk, w.dp.data(), kTileK,
-                  a.k + ((p.off_k[b] + j0) * p.heads_k + kv) * p.dim_qk, p.heads_k * p.dim_qk,
-                  dq, p.dim_qk);
+// With dS of a tile in w.dp: dQ (of the tile's query rows, ld Dqk, room for kTile rows) +=
+// dS·K (k: the key block's row tile), and the bias gradient of the tile = dS.
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void BackwardTileQ(const HstuProblem& p, const HstuTensors<T>& t, int64_t b,
+                                 int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
+                                 const Acc* k, const HstuWorkspace<Acc>& w, Acc* dq) {
+  GemmAcc<Acc, kGemmRows<I>>(RoundRows<I>(mq), p.dim_qk, nk, w.dp, kTile, k, p.dim_qk, dq,
+                             p.dim_qk);
   if (p.has_bias) {
     for (int64_t r = 0; r < mq; ++r) {
       T* row = t.dbias + ((b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
-      for (int64_t c = 0; c < nk; ++c) row[c] = FromAcc<T, Acc>(w.dp[r * kTileK + c]);
+      for (int64_t c = 0; c < nk; ++c) row[c] = FromAcc<T, Acc>(w.dp[r * kTile + c]);
     }
   }
 }
 
-// Backward, key side: dK and dV of key rows [row0, row0 + kTileK) of kv head item.h, summed
-// over the query heads of its group and all query blocks (no other item writes them).
-template <typename T, typename Acc, int R>
+// The packed operands of a backward item: for the query rows [i_lo, i_hi) of each head of
+// the group, q and dO row tiles ([group][tiles]); for the key rows [j_lo, j_hi), k row tiles
+// and kt, vt transposed tiles. Each pointer is to the tile of row i0 / j0 via Q(), Do(), ...
+template <typename Acc>
+struct HstuBackwardPack {
+  const Acc *q, *dout, *k, *kt, *vt;
+  int64_t i_lo, q_tiles, j_lo, dim_qk, dim_v;
+  const Acc* Q(int64_t g, int64_t i0) const { return q + QIndex(g, i0) * dim_qk; }
+  const Acc* Do(int64_t g, int64_t i0) const { return dout + QIndex(g, i0) * dim_v; }
+  const Acc* K(int64_t j0) const { return k + (j0 - j_lo) * dim_qk; }
+  const Acc* Kt(int64_t j0) const { return kt + (j0 - j_lo) * dim_qk; }
+  const Acc* Vt(int64_t j0) const { return vt + (j0 - j_lo) * dim_v; }
+  int64_t QIndex(int64_t g, int64_t i0) const { return g * q_tiles * kTile + (i0 - i_lo); }
+};
+
+// Packs the operands of a backward item over query rows [i_lo, i_hi) (heads of kv head kv's
+// group) and key rows [j_lo, j_hi); k row tiles only if with_k (the dQ side).
+template <typename T, typename Acc>
+RECOPS_INLINE HstuBackwardPack<Acc> PackBackward(const HstuProblem& p, const HstuTensors<T>& t,
+                                                 int64_t b, int64_t kv, int64_t i_lo,
+                                                 int64_t i_hi, int64_t j_lo, int64_t j_hi,
+                                                 bool with_k, HstuWorkspace<Acc>& w) {
+  using W = HstuWorkspace<Acc>;
+  const int64_t group = p.heads_q / p.heads_k;
+  const int64_t rows_q = std::max<int64_t>(i_hi - i_lo, 0), keys = std::max<int64_t>(j_hi - j_lo, 0);
+  const int64_t q_tiles = (rows_q + kTile - 1) / kTile, k_tiles = (keys + kTile - 1) / kTile;
+  HstuBackwardPack<Acc> pk{};
+  pk.i_lo = i_lo;
+  pk.j_lo = j_lo;
+  pk.q_tiles = q_tiles;
+  pk.dim_qk = p.dim_qk;
+  pk.dim_v = p.dim_v;
+  Acc* q = w.Get(W::kQ, group * q_tiles * kTile * p.dim_qk);
+  Acc* dout = w.Get(W::kDout, group * q_tiles * kTile * p.dim_v);
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = kv * group + g;
+    PackTiles<T, Acc>(t.q, p.heads_q, h, p.dim_qk, p.off_q[b] + i_lo, rows_q, false,
+                      q + g * q_tiles * kTile * p.dim_qk);
+    PackTiles<T, Acc>(t.grad, p.heads_q, h, p.dim_v, p.off_q[b] + i_lo, rows_q, false,
+                      dout + g * q_tiles * kTile * p.dim_v);
+  }
+  Acc* kt = w.Get(W::kKt, k_tiles * kTile * p.dim_qk);
+  Acc* vt = w.Get(W::kVt, k_tiles * kTile * p.dim_v);
+  PackTiles<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, p.off_k[b] + j_lo, keys, true, kt);
+  PackTiles<T, Acc>(t.v, p.heads_k, kv, p.dim_v, p.off_k[b] + j_lo, keys, true, vt);
+  Acc* k = nullptr;
+  if (with_k) {
+    k = w.Get(W::kK, k_tiles * kTile * p.dim_qk);
+    PackTiles<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, p.off_k[b] + j_lo, keys, false, k);
+  }
+  pk.q = q;
+  pk.dout = dout;
+  pk.k = k;
+  pk.kt = kt;
+  pk.vt = vt;
+  return pk;
+}
+
+// Backward, key side: dK and dV of key rows [row0, row1) of kv head item.h, summed over the
+// query heads of its group and all query blocks (no other item writes them).
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void HstuBackwardKvItem(const HstuProblem& p, const HstuTensors<T>& t,
-                                      const HstuOperands<Acc>& a, const HstuItem& item) {
+                                      const HstuItem& item) {
+  using W = HstuWorkspace<Acc>;
   const HstuSeq s = SeqOf(p, item.b);
   const int64_t kv = item.h, group = p.heads_q / p.heads_k;
-  const int64_t j0 = item.row0, nk = std::min(kTileK, s.lk - j0);
-  HstuScratch<Acc> w;
-  std::vector<Acc> dk(nk * p.dim_qk, Acc(0)), dv(nk * p.dim_v, Acc(0));
-  for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-    for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
-      const int64_t mq = std::min(kTileQ, s.lq - i0);
-      if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      BackwardTileKv<T, Acc, R>(p, t, a, s, item.b, h, kv, i0, mq, j0, nk, w, dk.data(),
-                                dv.data());
+  W& w = W::ForThread();
+  int64_t i_lo, i_hi;
+  VisibleRange(p, s, /*kv_side=*/true, item.row0, item.row1, &i_lo, &i_hi);
+  const HstuBackwardPack<Acc> pk =
+      PackBackward<T, Acc>(p, t, item.b, kv, i_lo, i_hi, item.row0, item.row1, false, w);
+  Acc* dk = w.Get(W::kAcc, kTile * p.dim_qk);
+  Acc* dv = w.Get(W::kAcc2, kTile * p.dim_v);
+  for (int64_t j0 = item.row0; j0 < item.row1; j0 += kTile) {
+    const int64_t nk = std::min(kTile, item.row1 - j0);
+    std::fill(dk, dk + kTile * p.dim_qk, Acc(0));
+    std::fill(dv, dv + kTile * p.dim_v, Acc(0));
+    for (int64_t g = 0; g < group; ++g) {
+      for (int64_t i0 = i_lo; i0 < i_hi; i0 += kTile) {
+        const int64_t mq = std::min(kTile, s.lq - i0);
+        if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+        BackwardTileKv<T, Acc, I>(p, t, s, item.b, kv * group + g, i0, mq, j0, nk,
+                                  pk.Q(g, i0), pk.Do(g, i0), pk.Kt(j0), pk.Vt(j0), w, dk, dv);
+      }
     }
+    StoreRows(dk, nk, p.dim_qk, t.dk, p.heads_k, kv, p.off_k[item.b] + j0);
+    StoreRows(dv, nk, p.dim_v, t.dv, p.heads_k, kv, p.off_k[item.b] + j0);
   }
-  StoreRows(dk.data(), nk, p.dim_qk, t.dk, p.heads_k, kv, p.off_k[item.b] + j0);
-  StoreRows(dv.data(), nk, p.dim_v, t.dv, p.heads_k, kv, p.off_k[item.b] + j0);
 }
 
-// Backward, query side: dQ of query rows [row0, row0 + kTileQ) of head item.h, and the bias
-// gradient (= dS) of those rows.
-template <typename T, typename Acc, int R>
+// Backward, query side: dQ of query rows [row0, row1) of head item.h, and the bias gradient
+// (= dS) of those rows.
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>& t,
-                                     const HstuOperands<Acc>& a, const HstuItem& item) {
+                                     const HstuItem& item) {
+  using W = HstuWorkspace<Acc>;
   const HstuSeq s = SeqOf(p, item.b);
-  const int64_t h = item.h, kv = h / (p.heads_q / p.heads_k);
-  const int64_t i0 = item.row0, mq = std::min(kTileQ, s.lq - i0);
-  const int64_t oq = p.off_q[item.b];
-  HstuScratch<Acc> w;
-  std::vector<Acc> dq(mq * p.dim_qk, Acc(0));
-  for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
-    const int64_t nk = std::min(kTileK, s.lk - j0);
-    if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-    const int64_t k_tile = a.tile_base[item.b] + j0 / kTileK;
-    ScoresQK<Acc, R>(p, a, a.q + ((oq + i0) * p.heads_q + h) * p.dim_qk, p.heads_q * p.dim_qk, mq,
-                   k_tile, kv, nk, w.s.data());
-    ScoresDoV<Acc, R>(p, a, oq + i0, h, mq, k_tile, kv, nk, w.dp.data());
-    ScoreTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, w.s.data(), w.dp.data(), w.z.data(),
-                      w.m.data());
-    BackwardTileQ<T, Acc, R>(p, t, a, item.b, h, kv, i0, mq, j0, nk, w, dq.data());
+  const int64_t group = p.heads_q / p.heads_k, h = item.h, kv = h / group;
+  W& w = W::ForThread();
+  int64_t j_lo, j_hi;
+  VisibleRange(p, s, /*kv_side=*/false, item.row0, item.row1, &j_lo, &j_hi);
+  // Packs q and dO of every head of the group (one is used): the packing is shared code and
+  // its cost is small against the item's tiles.
+  const HstuBackwardPack<Acc> pk =
+      PackBackward<T, Acc>(p, t, item.b, kv, item.row0, item.row1, j_lo, j_hi, true, w);
+  Acc* dq = w.Get(W::kAcc, kTile * p.dim_qk);
+  for (int64_t i0 = item.row0; i0 < item.row1; i0 += kTile) {
+    const int64_t mq = std::min(kTile, item.row1 - i0);
+    std::fill(dq, dq + kTile * p.dim_qk, Acc(0));
+    for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
+      const int64_t nk = std::min(kTile, s.lk - j0);
+      if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+      TileTimesT<Acc, I>(pk.Q(h - kv * group, i0), mq, p.dim_qk, pk.Kt(j0), w.s);
+      TileTimesT<Acc, I>(pk.Do(h - kv * group, i0), mq, p.dim_v, pk.Vt(j0), w.dp);
+      ScoreTile<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, w.s, w.dp, w);
+      BackwardTileQ<T, Acc, I>(p, t, item.b, h, i0, mq, j0, nk, pk.K(j0), w, dq);
+    }
+    StoreRows(dq, mq, p.dim_qk, t.dq, p.heads_q, h, p.off_q[item.b] + i0);
   }
-  StoreRows(dq.data(), mq, p.dim_qk, t.dq, p.heads_q, h, oq + i0);
 }
 
 // Backward in one pass over a whole (sequence, kv head) (used when there are enough of them to
@@ -406,36 +504,40 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
 // tile GEMMs instead of 7). The summation orders equal those of the two-pass path (dK, dV:
 // query heads then query blocks ascending; dQ: key blocks ascending), so both paths give the
 // same bits.
-template <typename T, typename Acc, int R>
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void HstuBackwardSeqItem(const HstuProblem& p, const HstuTensors<T>& t,
-                                       const HstuOperands<Acc>& a, const HstuItem& item) {
+                                       const HstuItem& item) {
+  using W = HstuWorkspace<Acc>;
   const HstuSeq s = SeqOf(p, item.b);
   const int64_t kv = item.h, group = p.heads_q / p.heads_k;
-  const int64_t oq = p.off_q[item.b], ok = p.off_k[item.b];
-  HstuScratch<Acc> w;
-  std::vector<Acc> dq(group * s.lq * p.dim_qk, Acc(0));
-  std::vector<Acc> dk(kTileK * p.dim_qk), dv(kTileK * p.dim_v);
-  for (int64_t j0 = 0; j0 < s.lk; j0 += kTileK) {
-    const int64_t nk = std::min(kTileK, s.lk - j0);
-    std::fill(dk.begin(), dk.end(), Acc(0));
-    std::fill(dv.begin(), dv.end(), Acc(0));
+  W& w = W::ForThread();
+  const HstuBackwardPack<Acc> pk =
+      PackBackward<T, Acc>(p, t, item.b, kv, 0, s.lq, 0, s.lk, true, w);
+  const int64_t q_rows = pk.q_tiles * kTile;
+  Acc* dq = w.Get(W::kAcc, group * q_rows * p.dim_qk);
+  std::fill(dq, dq + group * q_rows * p.dim_qk, Acc(0));
+  Acc* dk = w.Get(W::kAcc2, kTile * (p.dim_qk + p.dim_v));
+  Acc* dv = dk + kTile * p.dim_qk;
+  for (int64_t j0 = 0; j0 < s.lk; j0 += kTile) {
+    const int64_t nk = std::min(kTile, s.lk - j0);
+    std::fill(dk, dk + kTile * (p.dim_qk + p.dim_v), Acc(0));
     for (int64_t g = 0; g < group; ++g) {
       const int64_t h = kv * group + g;
-      for (int64_t i0 = 0; i0 < s.lq; i0 += kTileQ) {
-        const int64_t mq = std::min(kTileQ, s.lq - i0);
+      for (int64_t i0 = 0; i0 < s.lq; i0 += kTile) {
+        const int64_t mq = std::min(kTile, s.lq - i0);
         if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-        BackwardTileKv<T, Acc, R>(p, t, a, s, item.b, h, kv, i0, mq, j0, nk, w, dk.data(),
-                                  dv.data());
-        BackwardTileQ<T, Acc, R>(p, t, a, item.b, h, kv, i0, mq, j0, nk, w,
-                                 dq.data() + (g * s.lq + i0) * p.dim_qk);
+        BackwardTileKv<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, pk.Q(g, i0),
+                                  pk.Do(g, i0), pk.Kt(j0), pk.Vt(j0), w, dk, dv);
+        BackwardTileQ<T, Acc, I>(p, t, item.b, h, i0, mq, j0, nk, pk.K(j0), w,
+                                 dq + (g * q_rows + i0) * p.dim_qk);
       }
     }
-    StoreRows(dk.data(), nk, p.dim_qk, t.dk, p.heads_k, kv, ok + j0);
-    StoreRows(dv.data(), nk, p.dim_v, t.dv, p.heads_k, kv, ok + j0);
+    StoreRows(dk, nk, p.dim_qk, t.dk, p.heads_k, kv, p.off_k[item.b] + j0);
+    StoreRows(dv, nk, p.dim_v, t.dv, p.heads_k, kv, p.off_k[item.b] + j0);
   }
   for (int64_t g = 0; g < group; ++g) {
-    StoreRows(dq.data() + g * s.lq * p.dim_qk, s.lq, p.dim_qk, t.dq, p.heads_q, kv * group + g,
-              oq);
+    StoreRows(dq + g * q_rows * p.dim_qk, s.lq, p.dim_qk, t.dq, p.heads_q, kv * group + g,
+              p.off_q[item.b]);
   }
 }
 

@@ -24,39 +24,37 @@ using tensorflow::TensorShape;
 
 namespace {
 
-// The work items compiled for AVX-512 (8-row register blocks), AVX2 + FMA (4-row blocks) and
-// baseline x86-64, one set per dtype; the best the CPU supports is picked once at run time.
+// The work items compiled for AVX-512, AVX2 + FMA and baseline x86-64, one set per dtype; the best the CPU supports is picked once at run time.
 template <typename T>
 struct HstuEntries {
   using Acc = AccumT<T>;
-  using Fn = void (*)(const HstuProblem&, const HstuTensors<T>&, const HstuOperands<Acc>&,
-                      const HstuItem&);
+  using Fn = void (*)(const HstuProblem&, const HstuTensors<T>&, const HstuItem&);
   Fn forward, backward_kv, backward_q, backward_seq;
 };
 
-#define RECOPS_HSTU_SET(T, Acc, NAME, ATTR, R)                                                \
+#define RECOPS_HSTU_SET(T, Acc, NAME, ATTR, I)                                                \
   ATTR void NAME##Forward(const HstuProblem& p, const HstuTensors<T>& t,                     \
-                          const HstuOperands<Acc>& a, const HstuItem& i) {                   \
-    HstuForwardItem<T, Acc, R>(p, t, a, i);                                                   \
+                          const HstuItem& i) {                   \
+    HstuForwardItem<T, Acc, I>(p, t, i);                                                   \
   }                                                                                           \
   ATTR void NAME##BackwardKv(const HstuProblem& p, const HstuTensors<T>& t,                   \
-                             const HstuOperands<Acc>& a, const HstuItem& i) {                 \
-    HstuBackwardKvItem<T, Acc, R>(p, t, a, i);                                                \
+                             const HstuItem& i) {                 \
+    HstuBackwardKvItem<T, Acc, I>(p, t, i);                                                \
   }                                                                                           \
   ATTR void NAME##BackwardQ(const HstuProblem& p, const HstuTensors<T>& t,                    \
-                            const HstuOperands<Acc>& a, const HstuItem& i) {                  \
-    HstuBackwardQItem<T, Acc, R>(p, t, a, i);                                                 \
+                            const HstuItem& i) {                  \
+    HstuBackwardQItem<T, Acc, I>(p, t, i);                                                 \
   }                                                                                           \
   ATTR void NAME##BackwardSeq(const HstuProblem& p, const HstuTensors<T>& t,                  \
-                              const HstuOperands<Acc>& a, const HstuItem& i) {                \
-    HstuBackwardSeqItem<T, Acc, R>(p, t, a, i);                                               \
+                              const HstuItem& i) {                \
+    HstuBackwardSeqItem<T, Acc, I>(p, t, i);                                               \
   }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define RECOPS_HSTU_SETS(T, Acc, TAG)                                                         \
-  RECOPS_HSTU_SET(T, Acc, TAG##Avx512, __attribute__((target("arch=x86-64-v4"))), 8)          \
-  RECOPS_HSTU_SET(T, Acc, TAG##Avx2, __attribute__((target("arch=x86-64-v3"))), 4)            \
-  RECOPS_HSTU_SET(T, Acc, TAG##Base, , 4)                                                     \
+  RECOPS_HSTU_SET(T, Acc, TAG##Avx512, __attribute__((target("arch=x86-64-v4"))), Isa::kAvx512)          \
+  RECOPS_HSTU_SET(T, Acc, TAG##Avx2, __attribute__((target("arch=x86-64-v3"))), Isa::kAvx2)            \
+  RECOPS_HSTU_SET(T, Acc, TAG##Base, , Isa::kBase)                                                     \
   const HstuEntries<T>& Entries(const T*) {                                                   \
     static const HstuEntries<T> entries = [] {                                                \
       __builtin_cpu_init();                                                                   \
@@ -76,7 +74,7 @@ struct HstuEntries {
   }
 #else
 #define RECOPS_HSTU_SETS(T, Acc, TAG)                                                         \
-  RECOPS_HSTU_SET(T, Acc, TAG##Base, , 4)                                                     \
+  RECOPS_HSTU_SET(T, Acc, TAG##Base, , Isa::kBase)                                                     \
   const HstuEntries<T>& Entries(const T*) {                                                   \
     static const HstuEntries<T> entries{TAG##BaseForward, TAG##BaseBackwardKv,                \
                                         TAG##BaseBackwardQ, TAG##BaseBackwardSeq};            \
@@ -89,88 +87,6 @@ RECOPS_HSTU_SETS(Eigen::bfloat16, float, Bf16)
 RECOPS_HSTU_SETS(double, double, F64)
 #undef RECOPS_HSTU_SETS
 #undef RECOPS_HSTU_SET
-
-// `x` ([rows, heads, dim]) in the accumulation type: the input itself when T is Acc, else a
-// converted copy in `storage`.
-// Uninitialised scratch (no zero-fill pass: every element is written before it is read).
-template <typename Acc>
-using Scratch = std::unique_ptr<Acc[]>;
-
-template <typename T, typename Acc>
-const Acc* AsAcc(OpKernelContext* ctx, const Tensor& x, Scratch<Acc>* storage) {
-  const T* src = x.flat<T>().data();
-  if constexpr (std::is_same_v<T, Acc>) {
-    return src;
-  } else {
-    storage->reset(new Acc[x.NumElements()]);
-    Acc* dst = storage->get();
-    ParallelFor(ctx, x.NumElements(), 4, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) dst[i] = ToAcc<T, Acc>(src[i]);
-    });
-    return dst;
-  }
-}
-
-// Key tiles of every sequence: tile_base[b] = tiles before sequence b (of kTileK keys each).
-int64_t KeyTiles(const HstuProblem& p, std::vector<int64_t>* tile_base) {
-  tile_base->resize(p.batch);
-  int64_t tiles = 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    (*tile_base)[b] = tiles;
-    tiles += (p.off_k[b + 1] - p.off_k[b] + kTileK - 1) / kTileK;
-  }
-  return tiles;
-}
-
-// x [Tk, heads, dim] -> [heads, tiles, dim, kTileK] in Acc (see HstuOperands::kt); padding is
-// zero.
-template <typename T, typename Acc>
-const Acc* TileTranspose(OpKernelContext* ctx, const HstuProblem& p, const T* x,
-                         int64_t heads, int64_t dim, const std::vector<int64_t>& tile_base,
-                         int64_t tiles, Scratch<Acc>* storage) {
-  const int64_t size = heads * tiles * dim * kTileK;
-  storage->reset(new Acc[size]);
-  Acc* out = storage->get();
-  ParallelFor(ctx, p.batch, (p.off_k[p.batch] / std::max<int64_t>(p.batch, 1) + 1) * heads * dim,
-              [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t ok = p.off_k[b], lk = p.off_k[b + 1] - ok;
-      const int64_t n_tiles = (lk + kTileK - 1) / kTileK;
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t t = 0; t < n_tiles; ++t) {
-          Acc* tile = out + ((h * tiles + tile_base[b] + t) * dim) * kTileK;
-          std::fill(tile, tile + dim * kTileK, Acc(0));
-          const int64_t rows = std::min(kTileK, lk - t * kTileK);
-          for (int64_t r = 0; r < rows; ++r) {
-            const T* src = x + ((ok + t * kTileK + r) * heads + h) * dim;
-            for (int64_t d = 0; d < dim; ++d) tile[d * kTileK + r] = ToAcc<T, Acc>(src[d]);
-          }
-        }
-      }
-    }
-  });
-  return out;
-}
-
-// Keys (and, for the backward, values) in transposed tiles, owned here, viewed by `a`.
-template <typename Acc>
-struct TiledKeys {
-  std::vector<int64_t> tile_base;
-  Scratch<Acc> kt, vt;
-};
-
-template <typename T, typename Acc>
-void TileKeys(OpKernelContext* ctx, const HstuProblem& p, const HstuTensors<T>& t,
-              bool with_values, TiledKeys<Acc>* store, HstuOperands<Acc>* a) {
-  a->num_tiles = KeyTiles(p, &store->tile_base);
-  a->tile_base = store->tile_base.data();
-  a->kt = TileTranspose<T, Acc>(ctx, p, t.k, p.heads_k, p.dim_qk, store->tile_base,
-                                a->num_tiles, &store->kt);
-  if (with_values) {
-    a->vt = TileTranspose<T, Acc>(ctx, p, t.v, p.heads_k, p.dim_v, store->tile_base,
-                                  a->num_tiles, &store->vt);
-  }
-}
 
 // Attributes and validated inputs shared by the forward and backward kernels. Input indices
 // are those of the forward op; the backward's are shifted by one (grad comes first).
@@ -340,15 +256,9 @@ void RunForward(OpKernelContext* ctx, const HstuProblem& p, const Tensor& q, con
   t.mask = mask && mask->NumElements() ? mask->flat<T>().data() : nullptr;
   t.bias = bias && bias->NumElements() ? bias->flat<T>().data() : nullptr;
   t.out = out->flat<T>().data();
-  using Acc = AccumT<T>;
-  Scratch<Acc> v_buf;
-  HstuOperands<Acc> a;
-  if constexpr (!std::is_same_v<T, Eigen::bfloat16>) a.v = AsAcc<T, Acc>(ctx, v, &v_buf);
-  TiledKeys<Acc> tiles;
-  TileKeys<T, Acc>(ctx, p, t, /*with_values=*/false, &tiles, &a);
-  const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false);
+  const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false, NumThreads(ctx));
   const auto forward = Entries(t.q).forward;
-  ParallelForDynamic(ctx, items.size(), [&](int64_t i) { forward(p, t, a, items[i]); });
+  ParallelForDynamic(ctx, items.size(), [&](int64_t i) { forward(p, t, items[i]); });
 }
 
 template <typename T>
@@ -515,29 +425,21 @@ class HstuDenseBackwardOp : public HstuBase {
     dv->flat<T>().setZero();
     dq->flat<T>().setZero();
     if (p.has_bias) dbias->flat<T>().setZero();
-    using Acc = AccumT<T>;
-    Scratch<Acc> q_buf, k_buf, do_buf;
-    HstuOperands<Acc> a;
-    a.dout = AsAcc<T, Acc>(ctx, grad, &do_buf);
-    a.q = AsAcc<T, Acc>(ctx, q, &q_buf);
-    a.k = AsAcc<T, Acc>(ctx, ctx->input(2), &k_buf);
-    TiledKeys<Acc> tiles;
-    TileKeys<T, Acc>(ctx, p, t, /*with_values=*/true, &tiles, &a);
     const HstuEntries<T>& entries = Entries(t.q);
     // One pass per (sequence, kv head) when those items alone keep the threads busy;
     // otherwise (few, long sequences) two passes over 64-row blocks. Same bits either way.
     const std::vector<HstuItem> seq_items = HstuSequenceItems(p);
     if (static_cast<int64_t>(seq_items.size()) >= 4 * NumThreads(ctx)) {
       ParallelForDynamic(ctx, seq_items.size(),
-                         [&](int64_t i) { entries.backward_seq(p, t, a, seq_items[i]); });
+                         [&](int64_t i) { entries.backward_seq(p, t, seq_items[i]); });
       return;
     }
-    const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true);
+    const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true, NumThreads(ctx));
     ParallelForDynamic(ctx, kv_items.size(),
-                       [&](int64_t i) { entries.backward_kv(p, t, a, kv_items[i]); });
-    const std::vector<HstuItem> q_items = HstuWorkItems(p, /*kv_side=*/false);
+                       [&](int64_t i) { entries.backward_kv(p, t, kv_items[i]); });
+    const std::vector<HstuItem> q_items = HstuWorkItems(p, /*kv_side=*/false, NumThreads(ctx));
     ParallelForDynamic(ctx, q_items.size(),
-                       [&](int64_t i) { entries.backward_q(p, t, a, q_items[i]); });
+                       [&](int64_t i) { entries.backward_q(p, t, q_items[i]); });
   }
 };
 
