@@ -167,7 +167,7 @@ struct HstuWorkspace {
   enum Slot : int { kQ, kDout, kK, kKt, kVt, kV, kAcc, kAcc2, kNumSlots };
   std::vector<Acc> buffers[kNumSlots];
   // Tile buffers (kTile x kTile) and row buffers (kTile).
-  Acc s[kTile * kTile], dp[kTile * kTile], pt[kTile * kTile], dst[kTile * kTile];
+  Acc s[kTile * kTile], dp[kTile * kTile];
   Acc z[kTile], m[kTile], sig[kTile];
 };
 
@@ -182,9 +182,10 @@ RECOPS_INLINE void PackTiles(const T* x, int64_t heads, int64_t head, int64_t di
     const T* src = x + ((r0 + t0) * heads + head) * dim;
     const int64_t ld = heads * dim;
     if (transpose) {
+      // Row by row: the source is read sequentially, the scattered writes stay in L1.
       if (rows < kTile) std::fill(tile, tile + kTile * dim, Acc(0));
-      for (int64_t d = 0; d < dim; ++d) {
-        for (int64_t r = 0; r < rows; ++r) tile[d * kTile + r] = ToAcc<T, Acc>(src[r * ld + d]);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t d = 0; d < dim; ++d) tile[d * kTile + r] = ToAcc<T, Acc>(src[r * ld + d]);
       }
     } else {
       for (int64_t r = 0; r < rows; ++r) {
@@ -281,14 +282,6 @@ RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, cons
   }
 }
 
-// Transposes the [rows x cols] tile (ld kTile) into [cols x rows] (ld kTile).
-template <typename Acc>
-RECOPS_INLINE void TransposeTile(const Acc* src, int64_t rows, int64_t cols, Acc* dst) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) dst[c * kTile + r] = src[r * kTile + c];
-  }
-}
-
 // C tile [kTile x kTile] = A row tile (mq rows, ld dim) times a transposed tile (all kTile
 // columns; padding columns give zeros): S = Q·Kᵀ or dP = dO·Vᵀ.
 template <typename Acc, Isa I>
@@ -354,11 +347,12 @@ RECOPS_INLINE void BackwardTileKv(const HstuProblem& p, const HstuTensors<T>& t,
   TileTimesT<Acc, I>(q, mq, p.dim_qk, kt, w.s);
   TileTimesT<Acc, I>(dout, mq, p.dim_v, vt, w.dp);
   ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, w.dp, w);
-  TransposeTile(w.s, mq, nk, w.pt);
-  TransposeTile(w.dp, mq, nk, w.dst);
+  // Pᵀ and dSᵀ read in place (transposed A operand).
   constexpr int R = kGemmRows<I>;
-  GemmAcc<Acc, R>(RoundRows<I>(nk), p.dim_v, mq, w.pt, kTile, dout, p.dim_v, dv, p.dim_v);
-  GemmAcc<Acc, R>(RoundRows<I>(nk), p.dim_qk, mq, w.dst, kTile, q, p.dim_qk, dk, p.dim_qk);
+  GemmAcc<Acc, R, false, true>(RoundRows<I>(nk), p.dim_v, mq, w.s, kTile, dout, p.dim_v, dv,
+                               p.dim_v);
+  GemmAcc<Acc, R, false, true>(RoundRows<I>(nk), p.dim_qk, mq, w.dp, kTile, q, p.dim_qk, dk,
+                               p.dim_qk);
 }
 
 // With dS of a tile in w.dp: dQ (of the tile's query rows, ld Dqk, room for kTile rows) +=
