@@ -172,26 +172,31 @@ struct HstuWorkspace {
 };
 
 // Rows [r0, r0 + n) of head `head` of x [rows, heads, dim] into ceil(n / kTile) tiles at dst
-// (row tiles, or transposed), converted to Acc; padding is zero.
+// (row tiles, or transposed), converted to Acc; padding is zero. The source rows are 256 B of
+// every heads * 256 B, a stride the hardware prefetcher follows poorly: rows a few ahead are
+// prefetched explicitly (the packing of a forward item is otherwise ~20% of its time,
+// waiting on memory).
 template <typename T, typename Acc>
 RECOPS_INLINE void PackTiles(const T* x, int64_t heads, int64_t head, int64_t dim, int64_t r0,
                              int64_t n, bool transpose, Acc* dst) {
+  constexpr int64_t kAhead = 8, kLine = 64 / sizeof(T);
+  const int64_t ld = heads * dim;
+  const T* base = x + (r0 * heads + head) * dim;
   for (int64_t t0 = 0; t0 < n; t0 += kTile) {
     const int64_t rows = std::min(kTile, n - t0);
     Acc* tile = dst + t0 * dim;
-    const T* src = x + ((r0 + t0) * heads + head) * dim;
-    const int64_t ld = heads * dim;
-    if (transpose) {
-      // Row by row: the source is read sequentially, the scattered writes stay in L1.
-      if (rows < kTile) std::fill(tile, tile + kTile * dim, Acc(0));
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t d = 0; d < dim; ++d) tile[d * kTile + r] = ToAcc<T, Acc>(src[r * ld + d]);
+    if (transpose || rows < kTile) std::fill(tile, tile + kTile * dim, Acc(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* src = base + (t0 + r) * ld;
+      if (t0 + r + kAhead < n) {
+        for (int64_t d = 0; d < dim; d += kLine) __builtin_prefetch(src + kAhead * ld + d);
       }
-    } else {
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t d = 0; d < dim; ++d) tile[r * dim + d] = ToAcc<T, Acc>(src[r * ld + d]);
+      if (transpose) {
+        // Row by row: the source is read sequentially, the scattered writes stay in L1.
+        for (int64_t d = 0; d < dim; ++d) tile[d * kTile + r] = ToAcc<T, Acc>(src[d]);
+      } else {
+        for (int64_t d = 0; d < dim; ++d) tile[r * dim + d] = ToAcc<T, Acc>(src[d]);
       }
-      std::fill(tile + rows * dim, tile + kTile * dim, Acc(0));
     }
   }
 }
