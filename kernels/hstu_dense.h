@@ -111,6 +111,19 @@ inline bool HstuTileFullyVisible(const HstuProblem& p, const HstuSeq& s, int64_t
   return true;
 }
 
+// Columns [0, bound) of key block j0..j0+nk that rows [i_begin, i_end) may see: nk unless the
+// causal (or right-window) bound cuts the block, which it does on diagonal tiles.
+inline int64_t HstuColumnBound(const HstuProblem& p, const HstuSeq& s, int64_t i_begin,
+                               int64_t i_end, int64_t j0, int64_t nk) {
+  int64_t bound = nk;
+  const int64_t last = i_end - 1 + s.delta - j0;  // the last row's diagonal column
+  if (p.mask_type == HstuMask::kCausal && !(s.ctx > 0 && i_begin < s.ctx)) {
+    bound = std::min(bound, last + 1);
+  }
+  if (p.window_right >= 0) bound = std::min(bound, last + p.window_right + 1);
+  return std::max<int64_t>(bound, 0);
+}
+
 template <typename T>
 struct HstuTensors {
   const T* q = nullptr;
@@ -323,6 +336,8 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
   PackTiles<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j_lo, keys, /*transpose=*/false, v);
   Acc* q = w.Get(W::kQ, kTile * p.dim_qk);
   Acc* o = w.Get(W::kAcc, kTile * p.dim_v);
+  constexpr int R = kGemmRows<I>;
+  constexpr int64_t kPair = 2 * Vec<Acc>::kLanes;  // the GEMM's column block
   for (int64_t i0 = item.row0; i0 < item.row1; i0 += kTile) {
     const int64_t mq = std::min(kTile, item.row1 - i0);
     PackTiles<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, /*transpose=*/false, q);
@@ -330,10 +345,31 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
       const int64_t nk = std::min(kTile, s.lk - j0), tile = (j0 - j_lo) / kTile;
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      TileTimesT<Acc, I>(q, mq, p.dim_qk, kt + tile * kTile * p.dim_qk, w.s);
+      const Acc* kt_tile = kt + tile * kTile * p.dim_qk;
+      const Acc* v_tile = v + tile * kTile * p.dim_v;
+      if (HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk)) {
+        TileTimesT<Acc, I>(q, mq, p.dim_qk, kt_tile, w.s);
+        ScoreTile<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, w.s, nullptr, w);
+        GemmAcc<Acc, R>(RoundRows<I>(mq), p.dim_v, nk, w.s, kTile, v_tile, p.dim_v, o, p.dim_v);
+        continue;
+      }
+      // Partly visible (diagonal) tile: each block of R rows computes scores only up to the
+      // last column any of its rows may see and multiplies only those into V, about halving
+      // the work of a causal diagonal tile. Scores past a block's bound are never read.
+      int64_t bound[kTile / R];
+      for (int64_t r = 0; r < mq; r += R) {
+        bound[r / R] = HstuColumnBound(p, s, i0 + r, i0 + std::min(r + R, mq), j0, nk);
+        if (bound[r / R] == 0) continue;
+        GemmAcc<Acc, R, true>(R, std::min(kTile, (bound[r / R] + kPair - 1) / kPair * kPair),
+                              p.dim_qk, q + r * p.dim_qk, p.dim_qk, kt_tile, kTile,
+                              w.s + r * kTile, kTile);
+      }
       ScoreTile<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, w.s, nullptr, w);
-      GemmAcc<Acc, kGemmRows<I>>(RoundRows<I>(mq), p.dim_v, nk, w.s, kTile,
-                                 v + tile * kTile * p.dim_v, p.dim_v, o, p.dim_v);
+      for (int64_t r = 0; r < mq; r += R) {
+        if (bound[r / R] == 0) continue;
+        GemmAcc<Acc, R>(R, p.dim_v, bound[r / R], w.s + r * kTile, kTile, v_tile, p.dim_v,
+                        o + r * p.dim_v, p.dim_v);
+      }
     }
     StoreRows(o, mq, p.dim_v, t.out, p.heads_q, h, oq + i0);
   }
