@@ -182,6 +182,10 @@ struct HstuWorkspace {
   // Tile buffers (kTile x kTile) and row buffers (kTile).
   Acc s[kTile * kTile], dp[kTile * kTile];
   Acc z[kTile], m[kTile], sig[kTile];
+  // Of the last tile scored (TileScores): whether it was computed per row block, and each
+  // block's column bound.
+  bool partial = false;
+  int64_t bound[kTile];
 };
 
 // Rows [r0, r0 + n) of head `head` of x [rows, heads, dim] into ceil(n / kTile) tiles at dst
@@ -301,10 +305,82 @@ RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, cons
 }
 
 // C tile [kTile x kTile] = A row tile (mq rows, ld dim) times a transposed tile (all kTile
-// columns; padding columns give zeros): S = Q·Kᵀ or dP = dO·Vᵀ.
+// columns; padding columns give zeros): S = Q·Kᵀ or dP = dO·Vᵀ. With `bound`, block r / R of
+// R rows only computes its first bound[r / R] columns (rounded up to the GEMM's column block);
+// the rest of its row is left as it was.
 template <typename Acc, Isa I>
-RECOPS_INLINE void TileTimesT(const Acc* a, int64_t mq, int64_t dim, const Acc* bt, Acc* c) {
-  GemmAcc<Acc, kGemmRows<I>, true>(RoundRows<I>(mq), kTile, dim, a, dim, bt, kTile, c, kTile);
+RECOPS_INLINE void TileTimesT(const Acc* a, int64_t mq, int64_t dim, const Acc* bt, Acc* c,
+                              const int64_t* bound = nullptr) {
+  constexpr int R = kGemmRows<I>;
+  if (bound == nullptr) {
+    GemmAcc<Acc, R, true>(RoundRows<I>(mq), kTile, dim, a, dim, bt, kTile, c, kTile);
+    return;
+  }
+  constexpr int64_t kPair = 2 * Vec<Acc>::kLanes;
+  for (int64_t r = 0; r < mq; r += R) {
+    if (bound[r / R] == 0) continue;
+    GemmAcc<Acc, R, true>(R, std::min(kTile, (bound[r / R] + kPair - 1) / kPair * kPair), dim,
+                          a + r * dim, dim, bt, kTile, c + r * kTile, kTile);
+  }
+}
+
+// Scores of tile (i0.., j0..) -> P in w.s and, with dout / vt given, dS in w.dp. A partly
+// visible (diagonal) tile whose row blocks' column bounds do not decrease down the tile is
+// computed per block of R rows up to each block's bound (w.partial; about half the work of a
+// causal diagonal tile); values past a block's bound are then stale and must not be read.
+// Not with a bias (its gradient is the whole dS row).
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void TileScores(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                              int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
+                              int64_t nk, const Acc* q, const Acc* kt, const Acc* dout,
+                              const Acc* vt, HstuWorkspace<Acc>& w) {
+  constexpr int R = kGemmRows<I>;
+  w.partial = !p.has_bias && !HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
+  for (int64_t r = 0; r < mq && w.partial; r += R) {
+    w.bound[r / R] = HstuColumnBound(p, s, i0 + r, i0 + std::min(r + R, mq), j0, nk);
+    if (r > 0 && w.bound[r / R] < w.bound[r / R - 1]) w.partial = false;
+  }
+  const int64_t* bound = w.partial ? w.bound : nullptr;
+  TileTimesT<Acc, I>(q, mq, p.dim_qk, kt, w.s, bound);
+  if (dout != nullptr) TileTimesT<Acc, I>(dout, mq, p.dim_v, vt, w.dp, bound);
+  ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, dout != nullptr ? w.dp : nullptr,
+                       w);
+}
+
+// C (+)= the scored tile's rows (w.s or w.dp, mq x nk) times B (nk rows, ld ldb): P·V or
+// dS·K; per row block up to its bound on a partial tile.
+template <typename Acc, Isa I>
+RECOPS_INLINE void ScoresTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64_t mq,
+                               int64_t nk, const Acc* b, int64_t n, Acc* c) {
+  constexpr int R = kGemmRows<I>;
+  if (!w.partial) {
+    GemmAcc<Acc, R>(RoundRows<I>(mq), n, nk, sc, kTile, b, n, c, n);
+    return;
+  }
+  for (int64_t r = 0; r < mq; r += R) {
+    if (w.bound[r / R] == 0) continue;
+    GemmAcc<Acc, R>(R, n, w.bound[r / R], sc + r * kTile, kTile, b, n, c + r * n, n);
+  }
+}
+
+// C (+)= the scored tile's transpose (Pᵀ or dSᵀ, nk x mq) times B (mq rows, ld n): dV += Pᵀ·dO,
+// dK += dSᵀ·Q. On a partial tile, key rows c.. are seen only from the first query block whose
+// bound exceeds c (bounds do not decrease), so the sum starts there.
+template <typename Acc, Isa I>
+RECOPS_INLINE void ScoresTTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64_t mq,
+                                int64_t nk, const Acc* b, int64_t n, Acc* c) {
+  constexpr int R = kGemmRows<I>;
+  if (!w.partial) {
+    GemmAcc<Acc, R, false, true>(RoundRows<I>(nk), n, mq, sc, kTile, b, n, c, n);
+    return;
+  }
+  int64_t k0 = 0;
+  for (int64_t c0 = 0; c0 < nk; c0 += R) {
+    while (k0 < mq && w.bound[k0 / R] <= c0) k0 += R;
+    if (k0 >= mq) break;
+    GemmAcc<Acc, R, false, true>(R, n, mq - k0, sc + k0 * kTile + c0, kTile, b + k0 * n, n,
+                                 c + c0 * n, n);
+  }
 }
 
 // Writes n rows of an Acc [n x dim] block to rows r0.. of head `head` of a [rows, heads, dim]
@@ -336,8 +412,6 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
   PackTiles<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j_lo, keys, /*transpose=*/false, v);
   Acc* q = w.Get(W::kQ, kTile * p.dim_qk);
   Acc* o = w.Get(W::kAcc, kTile * p.dim_v);
-  constexpr int R = kGemmRows<I>;
-  constexpr int64_t kPair = 2 * Vec<Acc>::kLanes;  // the GEMM's column block
   for (int64_t i0 = item.row0; i0 < item.row1; i0 += kTile) {
     const int64_t mq = std::min(kTile, item.row1 - i0);
     PackTiles<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, /*transpose=*/false, q);
@@ -345,31 +419,9 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
       const int64_t nk = std::min(kTile, s.lk - j0), tile = (j0 - j_lo) / kTile;
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      const Acc* kt_tile = kt + tile * kTile * p.dim_qk;
-      const Acc* v_tile = v + tile * kTile * p.dim_v;
-      if (HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk)) {
-        TileTimesT<Acc, I>(q, mq, p.dim_qk, kt_tile, w.s);
-        ScoreTile<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, w.s, nullptr, w);
-        GemmAcc<Acc, R>(RoundRows<I>(mq), p.dim_v, nk, w.s, kTile, v_tile, p.dim_v, o, p.dim_v);
-        continue;
-      }
-      // Partly visible (diagonal) tile: each block of R rows computes scores only up to the
-      // last column any of its rows may see and multiplies only those into V, about halving
-      // the work of a causal diagonal tile. Scores past a block's bound are never read.
-      int64_t bound[kTile / R];
-      for (int64_t r = 0; r < mq; r += R) {
-        bound[r / R] = HstuColumnBound(p, s, i0 + r, i0 + std::min(r + R, mq), j0, nk);
-        if (bound[r / R] == 0) continue;
-        GemmAcc<Acc, R, true>(R, std::min(kTile, (bound[r / R] + kPair - 1) / kPair * kPair),
-                              p.dim_qk, q + r * p.dim_qk, p.dim_qk, kt_tile, kTile,
-                              w.s + r * kTile, kTile);
-      }
-      ScoreTile<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, w.s, nullptr, w);
-      for (int64_t r = 0; r < mq; r += R) {
-        if (bound[r / R] == 0) continue;
-        GemmAcc<Acc, R>(R, p.dim_v, bound[r / R], w.s + r * kTile, kTile, v_tile, p.dim_v,
-                        o + r * p.dim_v, p.dim_v);
-      }
+      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, q,
+                            kt + tile * kTile * p.dim_qk, nullptr, nullptr, w);
+      ScoresTimes<Acc, I>(w, w.s, mq, nk, v + tile * kTile * p.dim_v, p.dim_v, o);
     }
     StoreRows(o, mq, p.dim_v, t.out, p.heads_q, h, oq + i0);
   }
@@ -385,15 +437,10 @@ RECOPS_INLINE void BackwardTileKv(const HstuProblem& p, const HstuTensors<T>& t,
                                   int64_t mq, int64_t j0, int64_t nk, const Acc* q,
                                   const Acc* dout, const Acc* kt, const Acc* vt,
                                   HstuWorkspace<Acc>& w, Acc* dk, Acc* dv) {
-  TileTimesT<Acc, I>(q, mq, p.dim_qk, kt, w.s);
-  TileTimesT<Acc, I>(dout, mq, p.dim_v, vt, w.dp);
-  ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, w.dp, w);
+  TileScores<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, q, kt, dout, vt, w);
   // Pᵀ and dSᵀ read in place (transposed A operand).
-  constexpr int R = kGemmRows<I>;
-  GemmAcc<Acc, R, false, true>(RoundRows<I>(nk), p.dim_v, mq, w.s, kTile, dout, p.dim_v, dv,
-                               p.dim_v);
-  GemmAcc<Acc, R, false, true>(RoundRows<I>(nk), p.dim_qk, mq, w.dp, kTile, q, p.dim_qk, dk,
-                               p.dim_qk);
+  ScoresTTimes<Acc, I>(w, w.s, mq, nk, dout, p.dim_v, dv);
+  ScoresTTimes<Acc, I>(w, w.dp, mq, nk, q, p.dim_qk, dk);
 }
 
 // With dS of a tile in w.dp: dQ (of the tile's query rows, ld Dqk, room for kTile rows) +=
@@ -402,8 +449,7 @@ template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void BackwardTileQ(const HstuProblem& p, const HstuTensors<T>& t, int64_t b,
                                  int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
                                  const Acc* k, const HstuWorkspace<Acc>& w, Acc* dq) {
-  GemmAcc<Acc, kGemmRows<I>>(RoundRows<I>(mq), p.dim_qk, nk, w.dp, kTile, k, p.dim_qk, dq,
-                             p.dim_qk);
+  ScoresTimes<Acc, I>(w, w.dp, mq, nk, k, p.dim_qk, dq);
   if (p.has_bias) {
     for (int64_t r = 0; r < mq; ++r) {
       T* row = t.dbias + ((b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
@@ -524,9 +570,8 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
       const int64_t nk = std::min(kTile, s.lk - j0);
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      TileTimesT<Acc, I>(pk.Q(h - kv * group, i0), mq, p.dim_qk, pk.Kt(j0), w.s);
-      TileTimesT<Acc, I>(pk.Do(h - kv * group, i0), mq, p.dim_v, pk.Vt(j0), w.dp);
-      ScoreTile<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, w.s, w.dp, w);
+      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, pk.Q(h - kv * group, i0),
+                            pk.Kt(j0), pk.Do(h - kv * group, i0), pk.Vt(j0), w);
       BackwardTileQ<T, Acc, I>(p, t, item.b, h, i0, mq, j0, nk, pk.K(j0), w, dq);
     }
     StoreRows(dq, mq, p.dim_qk, t.dq, p.heads_q, h, p.off_q[item.b] + i0);

@@ -1,5 +1,6 @@
 // Kernels of stem hstu_dense: validation, work lists, and dispatch to the tiled work items
 // (compiled for AVX-512, AVX2 and baseline x86-64, picked at load time).
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <string>
@@ -420,16 +421,24 @@ class HstuDenseBackwardOp : public HstuBase {
     t.dk = dk->flat<T>().data();
     t.dv = dv->flat<T>().data();
     t.dbias = dbias->flat<T>().data();
-    // Rows of empty sequences are never visited: start from zeros everywhere.
-    dk->flat<T>().setZero();
-    dv->flat<T>().setZero();
-    dq->flat<T>().setZero();
+    // Every row of dq, dk, dv is written by the items below (with zeros where nothing is
+    // visible), except in the one-pass path the rows of sequences without keys or queries,
+    // zeroed here. The bias gradient is written only on visible tiles.
     if (p.has_bias) dbias->flat<T>().setZero();
     const HstuEntries<T>& entries = Entries(t.q);
     // One pass per (sequence, kv head) when those items alone keep the threads busy;
     // otherwise (few, long sequences) two passes over 64-row blocks. Same bits either way.
     const std::vector<HstuItem> seq_items = HstuSequenceItems(p);
     if (static_cast<int64_t>(seq_items.size()) >= 4 * NumThreads(ctx)) {
+      for (int64_t b = 0; b < p.batch; ++b) {
+        if (p.off_q[b + 1] > p.off_q[b] && p.off_k[b + 1] > p.off_k[b]) continue;
+        const auto zero_rows = [](T* x, int64_t r0, int64_t r1, int64_t row) {
+          std::fill(x + r0 * row, x + r1 * row, T(0));
+        };
+        zero_rows(t.dq, p.off_q[b], p.off_q[b + 1], p.heads_q * p.dim_qk);
+        zero_rows(t.dk, p.off_k[b], p.off_k[b + 1], p.heads_k * p.dim_qk);
+        zero_rows(t.dv, p.off_k[b], p.off_k[b + 1], p.heads_k * p.dim_v);
+      }
       ParallelForDynamic(ctx, seq_items.size(),
                          [&](int64_t i) { entries.backward_seq(p, t, seq_items[i]); });
       return;
