@@ -1,10 +1,11 @@
 // HSTU attention (stem hstu_dense): the problem description, the visibility (mask) rules of
 // spec §1 and the tiled forward / backward work items.
 //
-// Scores are never materialised beyond one kTileQ x kTileK tile: a work item owns a block of
-// query rows (forward, dQ) or of key rows (dK, dV), recomputes the scores of each visible tile
-// with a register-blocked GEMM, applies bias / alpha / SiLU / scale / mask on the tile and
-// multiplies into V (or accumulates gradients). Accumulation is in Acc (float for float16,
+// Scores are never materialised beyond one kTileQ x kTileK tile: a work item owns a chunk of
+// 64-row blocks of query rows (forward, dQ) or of key rows (dK, dV), or a whole (sequence, kv
+// head) (one-pass backward); it packs the operands it reads into per-thread zero-padded tiles,
+// recomputes the scores of each visible tile with a register-blocked GEMM, applies bias /
+// alpha / SiLU / scale / mask on the tile and multiplies into V (or accumulates gradients). Accumulation is in Acc (float for float16,
 // bfloat16 and float32; double for float64); values are rounded to the input dtype exactly
 // where the spec's kernels round (scores, P, dO·Vᵀ, dS).
 #ifndef RECOPS_KERNELS_HSTU_DENSE_H_
