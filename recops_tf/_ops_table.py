@@ -97,6 +97,29 @@ OPS = (
         },
     ),
     OpStem(
+        stem="relative_attn_bias",
+        seed_ops=("relative_attn_bias_time", "relative_attn_bias_pos",
+                  "relative_attn_bias_backward"),
+        tf_ops=("RelativeAttnBiasTime", "RelativeAttnBiasBackward", "RelativeAttnBiasPos"),
+        public=("relative_attn_bias_time", "relative_attn_bias_backward",
+                "relative_attn_bias_pos", "toeplitz_position_bias"),
+        gradient="time bias: RelativeAttnBiasBackward w.r.t. the weights (deterministic "
+                 "scatter-add), whose own gradient is a gather (TF composite); position "
+                 "bias: TF composite (inference helper); toeplitz_position_bias is a composite",
+        reference=("relative_attn_bias_time", "relative_attn_bias_backward",
+                   "relative_attn_bias_pos", "toeplitz_position_bias"),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=INDEX_DTYPES,
+        bound="memory",
+        bench={
+            "tiny": ({"fn": "time", "layers": 2, "batch": 3, "steps": 5},
+                     {"fn": "pos", "batch": 3, "steps": 6}),
+            # The time bias is output-write bound: L x B x 2s x 2s values (537 MB here).
+            "full": ({"fn": "time", "layers": 8, "batch": 64, "steps": 256},
+                     {"fn": "pos", "batch": 64, "steps": 512}),
+        },
+    ),
+    OpStem(
         stem="hstu_dense",
         seed_ops=("hstu_dense_forward", "hstu_dense_backward", "hstu_backward_v2"),
         tf_ops=("HstuDenseForward", "HstuDenseBackward", "HstuPagedForward"),

@@ -3,6 +3,9 @@ from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagge
 from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_paged
 from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
 from recops_tf.ops.multislice_concat import multislice_concat
+from recops_tf.ops.relative_attn_bias import (relative_attn_bias_backward,
+                                              relative_attn_bias_pos, relative_attn_bias_time,
+                                              toeplitz_position_bias)
 from recops_tf.ops.reverse_sequence import reverse_sequence
 
 __all__ = [
@@ -13,5 +16,9 @@ __all__ = [
     "hstu_attention",
     "hstu_attention_paged",
     "multislice_concat",
+    "relative_attn_bias_time",
+    "relative_attn_bias_backward",
+    "relative_attn_bias_pos",
+    "toeplitz_position_bias",
     "reverse_sequence",
 ]

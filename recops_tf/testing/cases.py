@@ -14,6 +14,7 @@ from recops_tf.reference import concat_jagged_tensor as ref_concat
 from recops_tf.reference import gather_for_rank1 as ref_gather
 from recops_tf.reference import hstu_dense as ref_hstu
 from recops_tf.reference import multislice_concat as ref_multislice
+from recops_tf.reference import relative_attn_bias as ref_rab
 from recops_tf.reference import reverse_sequence as ref_reverse
 from recops_tf.testing import random_values
 
@@ -181,12 +182,40 @@ def _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, 
                 reference, [q, k, v, cache], [], _nbytes(q, k, v), 0, flops_forward=flops)
 
 
+def relative_attn_bias(fn="time", layers=2, batch=3, steps=5, num_buckets=129,
+                       dtype=tf.float32, index_dtype=tf.int64, seed=0):
+    """fn "time": increasing timestamps (gaps up to ~a day in seconds) and [L, NB] weights,
+    the 2 x 2 duplicated bias; fn "pos": a Toeplitz [2s, 2s] position bias with its identity
+    and random cached lengths."""
+    rng = np.random.default_rng(seed)
+    if fn == "time":
+        gaps = rng.integers(0, 86400, size=(batch, steps))
+        ts = tf.constant(np.cumsum(gaps, axis=1), dtype=index_dtype)
+        w = random_values([layers, num_buckets], dtype, seed + 1)
+        s2 = 2 * steps
+        out = layers * batch * s2 * s2 * w.dtype.size
+        return Case(f"time L={layers} B={batch} s={steps}",
+                    lambda ts, w: recops_tf.relative_attn_bias_time(ts, w)[0],
+                    lambda ts, w: ref_rab.relative_attn_bias_time(ts, w)[0],
+                    [ts, w], [1],
+                    bytes_forward=out + batch * steps * steps * 4 + _nbytes(ts, w),
+                    bytes_backward=out + batch * steps * steps * 4 + _nbytes(w))
+    pos_w = random_values([2 * steps - 1], dtype, seed + 1)
+    p, ident = recops_tf.toeplitz_position_bias(pos_w)
+    lens = tf.constant(rng.integers(0, 2 * steps + 1, size=batch), dtype=index_dtype)
+    out = batch * 4 * steps * steps * p.dtype.size
+    return Case(f"pos B={batch} S2={2 * steps}", recops_tf.relative_attn_bias_pos,
+                ref_rab.relative_attn_bias_pos, [p, ident, lens], [0, 1],
+                bytes_forward=out + 2 * _nbytes(p), bytes_backward=2 * out + 2 * _nbytes(p))
+
+
 BUILDERS = {
     "concat_jagged_tensor": concat_jagged_tensor,
     "gather_for_rank1": gather_for_rank1,
     "reverse_sequence": reverse_sequence,
     "multislice_concat": multislice_concat,
     "hstu_dense": hstu_dense,
+    "relative_attn_bias": relative_attn_bias,
 }
 
 

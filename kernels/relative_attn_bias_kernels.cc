@@ -1,0 +1,310 @@
+// Kernels of stem relative_attn_bias: the bucketised time bias (output-write bound), its
+// deterministic scatter-add gradient and the inference position bias.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/copy.h"
+#include "kernels/common/dtypes.h"
+#include "kernels/common/parallel.h"
+#include "kernels/common/validation.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace recops {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+namespace {
+
+// bucket(a) = min(floor(ln(max(a, 1)) / divisor), num_buckets - 1) for integer a >= 0, in
+// float64, without a logarithm per element: the smallest a of every bucket is found once
+// (exactly, by evaluating the formula itself around exp(k * divisor)), and a lookup by the
+// bit length of a starts within a few buckets of the answer.
+class Bucketizer {
+ public:
+  Bucketizer(double divisor, int64_t num_buckets) : divisor_(divisor), last_(num_buckets - 1) {
+    first_.assign(num_buckets, 0);
+    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+    for (int64_t k = 1; k < num_buckets; ++k) {
+      const double x = std::exp(static_cast<double>(k) * divisor);
+      if (!(x < 4e18)) {
+        first_[k] = kNever;
+        continue;
+      }
+      int64_t a = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(x)));
+      while (a > 1 && Formula(a - 1) >= k) --a;
+      while (Formula(a) < k) ++a;
+      first_[k] = std::max(a, first_[k - 1]);
+    }
+    for (int e = 0; e < 64; ++e) {
+      const uint64_t low = uint64_t{1} << e;  // the smallest a with bit length e + 1
+      int64_t k = 0;
+      while (k < last_ && static_cast<uint64_t>(first_[k + 1]) <= low) ++k;
+      start_[e] = k;
+    }
+  }
+
+  int32_t operator()(uint64_t a) const {
+    if (a <= 1) return 0;
+    int64_t k = start_[63 - __builtin_clzll(a)];
+    while (k < last_ && a >= static_cast<uint64_t>(first_[k + 1])) ++k;
+    return static_cast<int32_t>(k);
+  }
+
+ private:
+  int64_t Formula(int64_t a) const {
+    return static_cast<int64_t>(std::floor(std::log(static_cast<double>(a)) / divisor_));
+  }
+
+  double divisor_;
+  int64_t last_;
+  std::vector<int64_t> first_;  // first_[k]: the smallest a in bucket k (k >= 1)
+  int64_t start_[64];
+};
+
+template <typename T, typename Tidx>
+class RelativeAttnBiasTimeOp : public OpKernel {
+ public:
+  explicit RelativeAttnBiasTimeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    float divisor = 0.0f;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_divisor", &divisor));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("duplicate", &duplicate_));
+    OP_REQUIRES(ctx, divisor > 0.0f && std::isfinite(divisor),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "bucket_divisor must be a positive finite number, got ", divisor)));
+    divisor_ = divisor;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ts = ctx->input(0);
+    const Tensor& weights = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRank(ts, "timestamps", 2));
+    OP_REQUIRES_OK(ctx, CheckRank(weights, "weights", 2));
+    const int64_t batch = ts.dim_size(0), s = ts.dim_size(1);
+    const int64_t layers = weights.dim_size(0), num_buckets = weights.dim_size(1);
+    OP_REQUIRES(ctx, num_buckets >= 1,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "weights must have at least one bucket (shape [L, NB], NB >= 1), got ",
+                    weights.shape().DebugString())));
+    const int64_t f = duplicate_ ? 2 : 1, s2 = f * s;
+    Tensor *bias = nullptr, *buckets = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({layers, batch, s2, s2}), &bias));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, s, s}), &buckets));
+    if (batch == 0 || s == 0) return;
+    const Bucketizer bucketize(divisor_, num_buckets);
+    const Tidx* t = ts.flat<Tidx>().data();
+    const T* w = weights.flat<T>().data();
+    T* out = bias->flat<T>().data();
+    int32_t* idx = buckets->flat<int32_t>().data();
+    const bool stream = bias->TotalBytes() >= static_cast<size_t>(kStreamingOutputBytes);
+    const int64_t row_bytes = s2 * static_cast<int64_t>(sizeof(T));
+    // One unit = query row (b, i): its buckets once, then f output rows per layer.
+    ParallelFor(ctx, batch * s, layers * f * row_bytes + 8 * s, [&](int64_t r0, int64_t r1) {
+      std::vector<T> row(s2);
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / s, i = r % s;
+        const Tidx* tb = t + b * s;
+        int32_t* bucket_row = idx + r * s;
+        const int64_t ti = static_cast<int64_t>(tb[i]);
+        for (int64_t j = 0; j < s; ++j) {
+          const int64_t d = static_cast<int64_t>(tb[j]) - ti;
+          bucket_row[j] = bucketize(static_cast<uint64_t>(d < 0 ? -d : d));
+        }
+        for (int64_t l = 0; l < layers; ++l) {
+          const T* wl = w + l * num_buckets;
+          if (duplicate_) {
+            for (int64_t j = 0; j < s; ++j) row[2 * j] = row[2 * j + 1] = wl[bucket_row[j]];
+          } else {
+            for (int64_t j = 0; j < s; ++j) row[j] = wl[bucket_row[j]];
+          }
+          for (int64_t a = 0; a < f; ++a) {
+            char* dst = reinterpret_cast<char*>(out + ((l * batch + b) * s2 + f * i + a) * s2);
+            CopyRun(dst, reinterpret_cast<const char*>(row.data()), row_bytes, stream);
+          }
+        }
+      }
+      if (stream) StreamFence();
+    });
+  }
+
+ private:
+  double divisor_ = 0.0;
+  bool duplicate_ = true;
+};
+
+// Rows (b, i) are cut into a fixed number of chunks that depends only on the problem size;
+// each chunk sums its rows in order into its own [L, NB] partial, and the partials are added
+// in chunk order: deterministic on any thread count.
+constexpr int64_t kBiasGradChunks = 64;
+
+template <typename T>
+class RelativeAttnBiasBackwardOp : public OpKernel {
+ public:
+  explicit RelativeAttnBiasBackwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("duplicate", &duplicate_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    using Acc = AccumT<T>;
+    const Tensor& grad = ctx->input(0);
+    const Tensor& buckets = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRank(grad, "grad", 4));
+    OP_REQUIRES_OK(ctx, CheckRank(buckets, "buckets", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(ctx->input(2), "num_buckets", 0));
+    const int64_t nb = ctx->input(2).scalar<int32_t>()();
+    OP_REQUIRES(ctx, nb >= 1,
+                absl::InvalidArgumentError(absl::StrCat("num_buckets must be >= 1, got ", nb)));
+    const int64_t layers = grad.dim_size(0), batch = buckets.dim_size(0);
+    const int64_t s = buckets.dim_size(1), f = duplicate_ ? 2 : 1, s2 = f * s;
+    OP_REQUIRES(ctx,
+                buckets.dim_size(2) == s && grad.dim_size(1) == batch &&
+                    grad.dim_size(2) == s2 && grad.dim_size(3) == s2,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "grad must be [L, B, ", f, "s, ", f, "s] for buckets [B, s, s]",
+                    duplicate_ ? " (duplicate: every bucket covers a 2 x 2 block)" : "",
+                    "; got grad ", grad.shape().DebugString(), " and buckets ",
+                    buckets.shape().DebugString())));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({layers, nb}), &out));
+    const int64_t rows = batch * s;
+    const int64_t chunks = std::max<int64_t>(1, std::min(rows, kBiasGradChunks));
+    std::vector<Acc> partial(chunks * layers * nb, Acc(0));
+    const T* g = grad.flat<T>().data();
+    const int32_t* idx = buckets.flat<int32_t>().data();
+    BadIndexTracker bad;
+    ParallelFor(ctx, chunks, (rows / chunks + 1) * layers * f * s2 * sizeof(T),
+                [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        Acc* acc = partial.data() + c * layers * nb;
+        for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+          const int64_t b = r / s, i = r % s;
+          const int32_t* bucket_row = idx + r * s;
+          bool ok = true;
+          for (int64_t j = 0; j < s; ++j) {
+            ok &= bucket_row[j] >= 0 && bucket_row[j] < nb;
+          }
+          if (!ok) {
+            for (int64_t j = 0; j < s; ++j) {
+              if (bucket_row[j] < 0 || bucket_row[j] >= nb) {
+                bad.Report(r * s + j, bucket_row[j]);
+                break;
+              }
+            }
+            continue;
+          }
+          for (int64_t l = 0; l < layers; ++l) {
+            Acc* al = acc + l * nb;
+            const T* g0 = g + ((l * batch + b) * s2 + f * i) * s2;
+            if (duplicate_) {
+              const T* g1 = g0 + s2;
+              for (int64_t j = 0; j < s; ++j) {
+                al[bucket_row[j]] += (ToAcc<T, Acc>(g0[2 * j]) + ToAcc<T, Acc>(g0[2 * j + 1])) +
+                                     (ToAcc<T, Acc>(g1[2 * j]) + ToAcc<T, Acc>(g1[2 * j + 1]));
+              }
+            } else {
+              for (int64_t j = 0; j < s; ++j) al[bucket_row[j]] += ToAcc<T, Acc>(g0[j]);
+            }
+          }
+        }
+      }
+    });
+    OP_REQUIRES_OK(ctx, bad.ToStatus("buckets (flattened)", nb));
+    T* dw = out->flat<T>().data();
+    for (int64_t k = 0; k < layers * nb; ++k) {
+      Acc sum = Acc(0);
+      for (int64_t c = 0; c < chunks; ++c) sum += partial[c * layers * nb + k];
+      dw[k] = FromAcc<T, Acc>(sum);
+    }
+  }
+
+ private:
+  bool duplicate_ = true;
+};
+
+template <typename T, typename Tidx>
+class RelativeAttnBiasPosOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    using Acc = AccumT<T>;
+    const Tensor& pos = ctx->input(0);
+    const Tensor& identity = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRank(pos, "rel_pos_bias", 2));
+    OP_REQUIRES_OK(ctx, CheckRank(identity, "identity", 2));
+    const int64_t n = pos.dim_size(0);
+    OP_REQUIRES(ctx, pos.dim_size(1) == n && identity.shape() == pos.shape(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "rel_pos_bias and identity must be square and of one shape, got ",
+                    pos.shape().DebugString(), " and ", identity.shape().DebugString())));
+    std::vector<int64_t> lens;
+    OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(2), "past_valid_lens", &lens));
+    for (size_t b = 0; b < lens.size(); ++b) {
+      OP_REQUIRES(ctx, lens[b] >= 0 && lens[b] <= n,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "past_valid_lens[", b, "] = ", lens[b], " must lie in [0, ", n,
+                      "] (a row of rel_pos_bias, or n: no clamping)")));
+    }
+    const int64_t batch = static_cast<int64_t>(lens.size());
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, n, n}), &out));
+    if (n == 0 || batch == 0) return;
+    const T* p = pos.flat<T>().data();
+    const T* id = identity.flat<T>().data();
+    T* o = out->flat<T>().data();
+    const Acc p00 = ToAcc<T, Acc>(p[0]);
+    ParallelFor(ctx, batch * n, 3 * n * sizeof(T), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / n, i = r % n;
+        const int64_t src = i < lens[b] ? i : lens[b];
+        const T* prow = p + src * n;
+        const T* irow = id + i * n;
+        T* orow = o + r * n;
+        for (int64_t j = 0; j < n; ++j) {
+          const Acc e = ToAcc<T, Acc>(irow[j]);
+          orow[j] = FromAcc<T, Acc>((Acc(1) - e) * ToAcc<T, Acc>(prow[j]) + e * p00);
+        }
+      }
+    });
+  }
+};
+
+#define REGISTER_T(T)                                                                     \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasBackward")                         \
+                              .Device(tensorflow::DEVICE_CPU)                             \
+                              .TypeConstraint<T>("T"),                                    \
+                          RelativeAttnBiasBackwardOp<T>);
+#define REGISTER_T_IDX(T, Tidx)                                                           \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasTime")                             \
+                              .Device(tensorflow::DEVICE_CPU)                             \
+                              .TypeConstraint<T>("T")                                     \
+                              .TypeConstraint<Tidx>("Tidx"),                              \
+                          RelativeAttnBiasTimeOp<T, Tidx>);                               \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasPos")                              \
+                              .Device(tensorflow::DEVICE_CPU)                             \
+                              .TypeConstraint<T>("T")                                     \
+                              .TypeConstraint<Tidx>("Tidx"),                              \
+                          RelativeAttnBiasPosOp<T, Tidx>);
+#define REGISTER(T)          \
+  REGISTER_T(T)              \
+  REGISTER_T_IDX(T, int32_t) \
+  REGISTER_T_IDX(T, int64_t)
+REGISTER(float)
+REGISTER(Eigen::half)
+REGISTER(Eigen::bfloat16)
+REGISTER(double)
+#undef REGISTER
+#undef REGISTER_T_IDX
+#undef REGISTER_T
+
+}  // namespace
+
+}  // namespace recops
