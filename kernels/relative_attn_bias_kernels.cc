@@ -203,15 +203,24 @@ class RelativeAttnBiasBackwardOp : public OpKernel {
           for (int64_t l = 0; l < layers; ++l) {
             Acc* al = acc + l * nb;
             const T* g0 = g + ((l * batch + b) * s2 + f * i) * s2;
-            if (duplicate_) {
-              const T* g1 = g0 + s2;
-              for (int64_t j = 0; j < s; ++j) {
-                al[bucket_row[j]] += (ToAcc<T, Acc>(g0[2 * j]) + ToAcc<T, Acc>(g0[2 * j + 1])) +
-                                     (ToAcc<T, Acc>(g1[2 * j]) + ToAcc<T, Acc>(g1[2 * j + 1]));
+            // Runs of equal buckets (the usual case: timestamps grow, so buckets rise
+            // monotonically away from the diagonal) are summed in a register before one
+            // update of the histogram, which avoids a load-add-store chain per element.
+            const T* g1 = g0 + s2;
+            int32_t run_bucket = bucket_row[0];
+            Acc run = Acc(0);
+            for (int64_t j = 0; j < s; ++j) {
+              const Acc x = duplicate_ ? (ToAcc<T, Acc>(g0[2 * j]) + ToAcc<T, Acc>(g0[2 * j + 1])) +
+                                             (ToAcc<T, Acc>(g1[2 * j]) + ToAcc<T, Acc>(g1[2 * j + 1]))
+                                       : ToAcc<T, Acc>(g0[j]);
+              if (bucket_row[j] != run_bucket) {
+                al[run_bucket] += run;
+                run_bucket = bucket_row[j];
+                run = Acc(0);
               }
-            } else {
-              for (int64_t j = 0; j < s; ++j) al[bucket_row[j]] += ToAcc<T, Acc>(g0[j]);
+              run += x;
             }
+            al[run_bucket] += run;
           }
         }
       }
@@ -261,18 +270,24 @@ class RelativeAttnBiasPosOp : public OpKernel {
     const T* id = identity.flat<T>().data();
     T* o = out->flat<T>().data();
     const Acc p00 = ToAcc<T, Acc>(p[0]);
-    ParallelFor(ctx, batch * n, 3 * n * sizeof(T), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t b = r / n, i = r % n;
-        const int64_t src = i < lens[b] ? i : lens[b];
-        const T* prow = p + src * n;
+    const bool stream = out->TotalBytes() >= static_cast<size_t>(kStreamingOutputBytes);
+    // Row i of every sequence, one after the other: identity row i and the rows of P they
+    // read stay in cache across the batch (the output is written once, streamed when large).
+    ParallelFor(ctx, n, batch * 3 * n * sizeof(T), [&](int64_t i0, int64_t i1) {
+      std::vector<T> row(n);
+      for (int64_t i = i0; i < i1; ++i) {
         const T* irow = id + i * n;
-        T* orow = o + r * n;
-        for (int64_t j = 0; j < n; ++j) {
-          const Acc e = ToAcc<T, Acc>(irow[j]);
-          orow[j] = FromAcc<T, Acc>((Acc(1) - e) * ToAcc<T, Acc>(prow[j]) + e * p00);
+        for (int64_t b = 0; b < batch; ++b) {
+          const T* prow = p + (i < lens[b] ? i : lens[b]) * n;
+          for (int64_t j = 0; j < n; ++j) {
+            const Acc e = ToAcc<T, Acc>(irow[j]);
+            row[j] = FromAcc<T, Acc>((Acc(1) - e) * ToAcc<T, Acc>(prow[j]) + e * p00);
+          }
+          CopyRun(reinterpret_cast<char*>(o + (b * n + i) * n),
+                  reinterpret_cast<const char*>(row.data()), n * sizeof(T), stream);
         }
       }
+      if (stream) StreamFence();
     });
   }
 };
