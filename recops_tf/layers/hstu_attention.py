@@ -31,7 +31,10 @@ class HSTUAttention(keras.layers.Layer):
       use_bias: add a bias to the projection.
       kernel_initializer, bias_initializer: of the projection.
 
-    Call arguments: ``inputs``; optional ``num_context`` / ``num_target`` ``[B]`` counts.
+    Call arguments: ``inputs``; optional ``num_context`` / ``num_target`` ``[B]`` counts;
+    optional ``attn_bias``: ``[B, max_seq_len, max_seq_len]`` shared by all heads (e.g. from
+    ``RelativeAttentionBias``) or per head ``[B, num_heads, max_seq_len, max_seq_len]``. A
+    shared bias is broadcast over the heads here, which stores ``B·N·S²`` values.
 
     Models using it must compile with ``jit_compile=False``.
     """
@@ -89,8 +92,15 @@ class HSTUAttention(keras.layers.Layer):
                              window_size=self.window_size, **kwargs)
         return tf.reshape(out, [-1, self.num_heads * self.value_dim])
 
-    def call(self, inputs, num_context=None, num_target=None):
+    def call(self, inputs, num_context=None, num_target=None, attn_bias=None):
         counts = {"num_context": num_context, "num_target": num_target}
+        if attn_bias is not None:
+            attn_bias = tf.convert_to_tensor(attn_bias)
+            if attn_bias.shape.rank == 3:
+                shape = tf.shape(attn_bias)
+                attn_bias = tf.broadcast_to(attn_bias[:, None],
+                                            [shape[0], self.num_heads, shape[1], shape[2]])
+            counts["attn_bias"] = attn_bias
         if isinstance(inputs, tf.RaggedTensor):
             rows, splits = inputs.values, inputs.row_splits
             return inputs.with_values(self._attend(rows, seq_offsets=splits, **counts))

@@ -1,0 +1,88 @@
+"""Keras layer: HSTU's relative attention bias (learned time-gap buckets + relative positions)."""
+import keras
+import tensorflow as tf
+
+from recops_tf.ops.relative_attn_bias import (DEFAULT_BUCKET_DIVISOR, relative_attn_bias_time,
+                                              toeplitz_position_bias)
+
+
+@keras.saving.register_keras_serializable(package="recops_tf")
+class RelativeAttentionBias(keras.layers.Layer):
+    """Learned relative attention bias of HSTU: time-gap buckets plus relative positions.
+
+    For timestamps ``[B, (L)]`` (ragged, or dense ``[B, S]``) it returns the bias
+    ``[B, max_seq_len, max_seq_len]`` with
+    ``bias[b, i, j] = w_time[bucket(|t_j - t_i|)] + w_pos[max_seq_len - 1 + j - i]``, the
+    bucket being ``relative_attn_bias_time``'s log bucket. Positions past a sequence's length
+    are padding (the attention masks them). Feed it to ``HSTUAttention(...)(x,
+    attn_bias=bias)``, which shares it across heads.
+
+    The time part runs the fused ``RelativeAttnBiasTime`` op (its weight gradient is the
+    deterministic ``RelativeAttnBiasBackward``); the position part is a Toeplitz gather.
+
+    Args:
+      max_seq_len: the bias plane's extent (as ``HSTUAttention``'s).
+      num_buckets: time buckets (default 129, the Rec SDK's).
+      bucket_divisor: the log bucket width (default 0.301).
+      use_time, use_position: which parts to learn (at least one).
+      initializer: of both weight vectors (default zeros: training starts from no bias).
+    """
+
+    def __init__(self, max_seq_len, num_buckets=129, bucket_divisor=DEFAULT_BUCKET_DIVISOR,
+                 use_time=True, use_position=True, initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.max_seq_len = int(max_seq_len)
+        self.num_buckets = int(num_buckets)
+        self.bucket_divisor = float(bucket_divisor)
+        self.use_time = bool(use_time)
+        self.use_position = bool(use_position)
+        if not (self.use_time or self.use_position):
+            raise ValueError("RelativeAttentionBias needs use_time or use_position")
+        if self.num_buckets < 1 or self.max_seq_len < 1:
+            raise ValueError("num_buckets and max_seq_len must be positive")
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, input_shape):
+        self.time_weights = (self.add_weight(name="time_weights", shape=(self.num_buckets,),
+                                             initializer=self.initializer)
+                             if self.use_time else None)
+        self.position_weights = (self.add_weight(name="position_weights",
+                                                 shape=(2 * self.max_seq_len - 1,),
+                                                 initializer=self.initializer)
+                                 if self.use_position else None)
+
+    def call(self, timestamps):
+        s = self.max_seq_len
+        if isinstance(timestamps, tf.RaggedTensor):
+            timestamps = timestamps.to_tensor(shape=[None, s])
+        else:
+            timestamps = tf.convert_to_tensor(timestamps)
+            pad = s - tf.shape(timestamps)[1]
+            timestamps = tf.pad(timestamps, [[0, 0], [0, pad]])
+        if timestamps.dtype not in (tf.int32, tf.int64):
+            timestamps = tf.cast(timestamps, tf.int64)
+        batch = tf.shape(timestamps)[0]
+        bias = tf.zeros([batch, s, s], self.compute_dtype)
+        if self.use_time:
+            time_bias, _ = relative_attn_bias_time(
+                timestamps, tf.cast(self.time_weights, self.compute_dtype)[None],
+                self.bucket_divisor, duplicate=False)
+            bias += time_bias[0]
+        if self.use_position:
+            pos, _ = toeplitz_position_bias(tf.cast(self.position_weights, self.compute_dtype),
+                                            duplicate=False)
+            bias += pos[None]
+        return bias
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.max_seq_len, self.max_seq_len)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "max_seq_len": self.max_seq_len, "num_buckets": self.num_buckets,
+            "bucket_divisor": self.bucket_divisor, "use_time": self.use_time,
+            "use_position": self.use_position,
+            "initializer": keras.initializers.serialize(self.initializer),
+        })
+        return config
