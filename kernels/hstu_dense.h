@@ -38,6 +38,9 @@ struct HstuProblem {
   int64_t window_left = -1, window_right = -1;  // -1: unbounded
   double alpha = 1.0, scale = 1.0;              // scale: silu_scale, already resolved
   bool has_bias = false;
+  // Fuxi-alpha: temporal and positional channels (HstuTensors::ts_bias, pos_bias), written
+  // as channels 1 and 2 of [rows, 3, heads, dim] outputs.
+  bool fuxi_bias = false;
 };
 
 struct HstuSeq {
@@ -132,6 +135,8 @@ struct HstuTensors {
   const T* v = nullptr;
   const T* mask = nullptr;  // custom mask [B, Nq, max_q, max_k]
   const T* bias = nullptr;  // [B, Nq, max_q, max_k]
+  const T* ts_bias = nullptr;   // Fuxi: [B, max_q, max_k]
+  const T* pos_bias = nullptr;  // Fuxi: [max_q, max_k]
   const T* grad = nullptr;  // dO [Tq, Nq, Dv]
   T* out = nullptr;
   T* dq = nullptr;
@@ -245,8 +250,7 @@ inline void VisibleRange(const HstuProblem& p, const HstuSeq& s, bool kv_side, i
 template <typename T, typename Acc>
 RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
                            int64_t b, int64_t h, int64_t i, int64_t j0, int64_t nk, bool full,
-                           Acc* m) {
-  const Acc scale = static_cast<Acc>(p.scale);
+                           Acc scale, Acc* m) {
   const T* mask_row = p.mask_type == HstuMask::kCustom
                           ? t.mask + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0
                           : nullptr;
@@ -282,7 +286,7 @@ RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, cons
   for (int64_t r = 0; r < mq; ++r) {
     const int64_t i = i0 + r;
     Acc* srow = sc + r * kTileK;
-    MaskRow<T, Acc>(p, t, s, b, h, i, j0, nk, full, m);
+    MaskRow<T, Acc>(p, t, s, b, h, i, j0, nk, full, static_cast<Acc>(p.scale), m);
     if (p.has_bias) {
       const T* bias_row = t.bias + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0;
       for (int64_t c = 0; c < nk; ++c) {
@@ -301,6 +305,22 @@ RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, cons
         const Acc dsilu = sig[c] * (Acc(1) + z[c] * (Acc(1) - sig[c]));
         dprow[c] = RoundTo<T, Acc>(alpha * m[c] * dsilu * RoundTo<T, Acc>(dprow[c]));
       }
+    }
+  }
+}
+
+// Fuxi: a bias channel's attention weights for tile (i0.., j0..): round(plane[i, j] * m_ij)
+// with m the visibility times the custom mask value (no SiLU scale); plane is [max_q, max_k].
+template <typename T, typename Acc>
+RECOPS_INLINE void FuxiBiasTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                                int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
+                                int64_t nk, const T* plane, Acc* out, HstuWorkspace<Acc>& w) {
+  const bool full = HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
+  for (int64_t r = 0; r < mq; ++r) {
+    MaskRow<T, Acc>(p, t, s, b, h, i0 + r, j0, nk, full, Acc(1), w.m);
+    const T* row = plane + (i0 + r) * p.max_k + j0;
+    for (int64_t c = 0; c < nk; ++c) {
+      out[r * kTile + c] = RoundTo<T, Acc>(ToAcc<T, Acc>(row[c]) * w.m[c]);
     }
   }
 }
@@ -412,19 +432,34 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
   PackTiles<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, ok + j_lo, keys, /*transpose=*/true, kt);
   PackTiles<T, Acc>(t.v, p.heads_k, kv, p.dim_v, ok + j_lo, keys, /*transpose=*/false, v);
   Acc* q = w.Get(W::kQ, kTile * p.dim_qk);
-  Acc* o = w.Get(W::kAcc, kTile * p.dim_v);
+  // Accumulators: the output, and for Fuxi its temporal and positional channels.
+  const int64_t channels = p.fuxi_bias ? 3 : 1;
+  Acc* o = w.Get(W::kAcc, channels * kTile * p.dim_v);
+  Acc* o_t = o + kTile * p.dim_v;
+  Acc* o_p = o_t + kTile * p.dim_v;
   for (int64_t i0 = item.row0; i0 < item.row1; i0 += kTile) {
     const int64_t mq = std::min(kTile, item.row1 - i0);
     PackTiles<T, Acc>(t.q, p.heads_q, h, p.dim_qk, oq + i0, mq, /*transpose=*/false, q);
-    std::fill(o, o + kTile * p.dim_v, Acc(0));
+    std::fill(o, o + channels * kTile * p.dim_v, Acc(0));
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
       const int64_t nk = std::min(kTile, s.lk - j0), tile = (j0 - j_lo) / kTile;
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
       TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, q,
                             kt + tile * kTile * p.dim_qk, nullptr, nullptr, w);
       ScoresTimes<Acc, I>(w, w.s, mq, nk, v + tile * kTile * p.dim_v, p.dim_v, o);
+      if (p.fuxi_bias) {
+        // The raw masked biases as attention weights (w.dp is free in the forward).
+        FuxiBiasTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk,
+                             t.ts_bias + item.b * p.max_q * p.max_k, w.dp, w);
+        ScoresTimes<Acc, I>(w, w.dp, mq, nk, v + tile * kTile * p.dim_v, p.dim_v, o_t);
+        FuxiBiasTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, t.pos_bias, w.dp, w);
+        ScoresTimes<Acc, I>(w, w.dp, mq, nk, v + tile * kTile * p.dim_v, p.dim_v, o_p);
+      }
     }
-    StoreRows(o, mq, p.dim_v, t.out, p.heads_q, h, oq + i0);
+    for (int64_t c = 0; c < channels; ++c) {
+      StoreRows(o + c * kTile * p.dim_v, mq, p.dim_v, t.out, channels * p.heads_q,
+                c * p.heads_q + h, oq + i0);
+    }
   }
 }
 

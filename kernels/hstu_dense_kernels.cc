@@ -95,10 +95,14 @@ class HstuBase : public OpKernel {
  public:
   explicit HstuBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_seq_len", &max_q_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_seq_len_k", &max_k_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("alpha", &alpha_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("silu_scale", &silu_scale_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("target_group_size", &group_));
+    // The Fuxi op has one sequence length, no alpha and no target groups.
+    max_k_ = max_q_;
+    if (ctx->HasAttr("max_seq_len_k")) OP_REQUIRES_OK(ctx, ctx->GetAttr("max_seq_len_k", &max_k_));
+    if (ctx->HasAttr("alpha")) OP_REQUIRES_OK(ctx, ctx->GetAttr("alpha", &alpha_));
+    if (ctx->HasAttr("target_group_size")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("target_group_size", &group_));
+    }
     // The paged op has no mask / window / bias attributes: causal, unbounded, none.
     std::string mask_type = "causal";
     if (ctx->HasAttr("mask_type")) OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_type", &mask_type));
@@ -240,8 +244,8 @@ class HstuBase : public OpKernel {
 
   HstuProblem problem_;
   std::vector<int64_t> off_q_, off_k_, ctx_, tgt_;
-  int64_t max_q_, max_k_, group_, window_left_ = -1, window_right_ = -1;
-  float alpha_, silu_scale_;
+  int64_t max_q_, max_k_, group_ = 0, window_left_ = -1, window_right_ = -1;
+  float alpha_ = 1.0f, silu_scale_ = 0.0f;
   HstuMask mask_type_;
   bool has_bias_ = false;
 };
@@ -249,8 +253,13 @@ class HstuBase : public OpKernel {
 // The tiled forward over validated inputs: q, k, v, the custom mask and the bias.
 template <typename T>
 void RunForward(OpKernelContext* ctx, const HstuProblem& p, const Tensor& q, const Tensor& k,
-                const Tensor& v, const Tensor* mask, const Tensor* bias, Tensor* out) {
+                const Tensor& v, const Tensor* mask, const Tensor* bias, Tensor* out,
+                const Tensor* ts_bias = nullptr, const Tensor* pos_bias = nullptr) {
   HstuTensors<T> t;
+  if (p.fuxi_bias) {
+    t.ts_bias = ts_bias->flat<T>().data();
+    t.pos_bias = pos_bias->flat<T>().data();
+  }
   t.q = q.flat<T>().data();
   t.k = k.flat<T>().data();
   t.v = v.flat<T>().data();
@@ -452,6 +461,58 @@ class HstuDenseBackwardOp : public HstuBase {
   }
 };
 
+// Fuxi-alpha forward (spec §4): the HSTU forward with alpha 1, no bias inside the SiLU, one
+// head count and one head size, plus the temporal / positional channels when both biases are
+// given. Inputs: q, k, v, seq_offsets, mask, timestamp_bias, position_bias.
+template <typename T>
+class HstuFuxiForwardOp : public HstuBase {
+ public:
+  explicit HstuFuxiForwardOp(OpKernelConstruction* ctx) : HstuBase(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("has_bias", &fuxi_bias_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& q = ctx->input(0);
+    const Tensor& k = ctx->input(1);
+    const Tensor& v = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckRank(q, "q", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(k, "k", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(v, "v", 3));
+    OP_REQUIRES(ctx, q.dim_size(1) == k.dim_size(1) && q.dim_size(2) == v.dim_size(2),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "Fuxi attention takes q, k, v with one head count and one head size "
+                    "(no GQA, Dqk = Dv), got q ", q.shape().DebugString(), ", k ",
+                    k.shape().DebugString(), ", v ", v.shape().DebugString())));
+    const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
+    const Tensor empty_t(q.dtype(), TensorShape({0}));
+    const Tensor& offsets = ctx->input(3);
+    OP_REQUIRES_OK(ctx, Prepare({&q, &k, &v, &offsets, &offsets, &empty, &empty,
+                                 &ctx->input(4), &empty_t}));
+    HstuProblem p = problem_;
+    p.fuxi_bias = fuxi_bias_;
+    const Tensor& ts_bias = ctx->input(5);
+    const Tensor& pos_bias = ctx->input(6);
+    if (fuxi_bias_) {
+      const TensorShape ts_shape({p.batch, max_q_, max_q_}), pos_shape({1, max_q_, max_q_});
+      OP_REQUIRES(ctx, ts_bias.shape() == ts_shape && pos_bias.shape() == pos_shape,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "timestamp_bias must have shape ", ts_shape.DebugString(),
+                      " [B, S, S] and position_bias ", pos_shape.DebugString(),
+                      " [1, S, S] (S = max_seq_len), got ", ts_bias.shape().DebugString(),
+                      " and ", pos_bias.shape().DebugString())));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({q.dim_size(0),
+                                            (fuxi_bias_ ? 3 : 1) * p.heads_q * p.dim_v}),
+                            &out));
+    RunForward<T>(ctx, p, q, k, v, &ctx->input(4), nullptr, out, &ts_bias, &pos_bias);
+  }
+
+ private:
+  bool fuxi_bias_ = false;
+};
+
 #define REGISTER(T)                                                                            \
   REGISTER_KERNEL_BUILDER(                                                                     \
       Name("Recops>HstuDenseForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
@@ -461,7 +522,10 @@ class HstuDenseBackwardOp : public HstuBase {
       HstuDenseBackwardOp<T>);                                                                 \
   REGISTER_KERNEL_BUILDER(                                                                     \
       Name("Recops>HstuPagedForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
-      HstuPagedForwardOp<T>);
+      HstuPagedForwardOp<T>);                                                                  \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("Recops>HstuFuxiForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),    \
+      HstuFuxiForwardOp<T>);
 REGISTER(float)
 REGISTER(Eigen::half)
 REGISTER(Eigen::bfloat16)

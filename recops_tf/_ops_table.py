@@ -97,6 +97,22 @@ OPS = (
         },
     ),
     OpStem(
+        stem="hstu_dense_fuxi",
+        seed_ops=("hstu_dense_forward_fuxi", "hstu_dense_backward_fuxi"),
+        tf_ops=("HstuFuxiForward",),
+        public=("hstu_attention_fuxi",),
+        gradient="not implemented yet (raises NotImplementedError); the fused backward is "
+                 "pending",
+        reference=("hstu_attention_fuxi",),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=INDEX_DTYPES,
+        bound="compute",
+        bench={
+            "tiny": ({"batch": 3, "max_len": 70, "heads": 2, "dim": 8},),
+            "full": ({"batch": 32, "max_len": 1024, "heads": 4, "dim": 64},),
+        },
+    ),
+    OpStem(
         stem="relative_attn_bias",
         seed_ops=("relative_attn_bias_time", "relative_attn_bias_pos",
                   "relative_attn_bias_backward"),

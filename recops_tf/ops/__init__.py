@@ -1,6 +1,7 @@
 """Public op wrappers; importing this package registers every gradient (once)."""
 from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagged_tensor
 from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_paged
+from recops_tf.ops.hstu_dense_fuxi import hstu_attention_fuxi
 from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
 from recops_tf.ops.multislice_concat import multislice_concat
 from recops_tf.ops.relative_attn_bias import (relative_attn_bias_backward,
@@ -15,6 +16,7 @@ __all__ = [
     "index_select_for_rank1_backward",
     "hstu_attention",
     "hstu_attention_paged",
+    "hstu_attention_fuxi",
     "multislice_concat",
     "relative_attn_bias_time",
     "relative_attn_bias_backward",

@@ -13,6 +13,7 @@ import recops_tf
 from recops_tf.reference import concat_jagged_tensor as ref_concat
 from recops_tf.reference import gather_for_rank1 as ref_gather
 from recops_tf.reference import hstu_dense as ref_hstu
+from recops_tf.reference import hstu_dense_fuxi as ref_fuxi
 from recops_tf.reference import multislice_concat as ref_multislice
 from recops_tf.reference import relative_attn_bias as ref_rab
 from recops_tf.reference import reverse_sequence as ref_reverse
@@ -182,6 +183,28 @@ def _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, 
                 reference, [q, k, v, cache], [], _nbytes(q, k, v), 0, flops_forward=flops)
 
 
+def hstu_dense_fuxi(batch=3, max_len=70, heads=2, dim=8, dtype=tf.float32,
+                    index_dtype=tf.int64, seed=0):
+    """Causal jagged Fuxi attention with both biases, lengths uniform in [1, max_len]."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len + 1, size=batch)
+    offsets = _offsets(lengths, index_dtype)
+    rows = int(lengths.sum())
+    q, k, v = (random_values([rows, heads, dim], dtype, seed + i) for i in range(3))
+    ts = random_values([batch, max_len, max_len], dtype, seed + 4)
+    pos = random_values([1, max_len, max_len], dtype, seed + 5)
+    fused = lambda q, k, v, ts, pos: recops_tf.hstu_attention_fuxi(  # noqa: E731
+        q, k, v, seq_offsets=offsets, max_seq_len=max_len, timestamp_bias=ts,
+        position_bias=pos)
+    reference = lambda q, k, v, ts, pos: ref_fuxi.hstu_attention_fuxi(  # noqa: E731
+        q, k, v, offsets, max_len, ts, pos)
+    # Useful causal FLOPs: Q.K plus three P.V products per visible pair.
+    pairs = float(np.sum(lengths * (lengths + 1) / 2))
+    return Case(f"B={batch} L<={max_len} H={heads} D={dim}", fused, reference,
+                [q, k, v, ts, pos], [], bytes_forward=0, bytes_backward=0,
+                flops_forward=int(2 * heads * 4 * dim * pairs))
+
+
 def relative_attn_bias(fn="time", layers=2, batch=3, steps=5, num_buckets=129,
                        dtype=tf.float32, index_dtype=tf.int64, seed=0):
     """fn "time": increasing timestamps (gaps up to ~a day in seconds) and [L, NB] weights,
@@ -216,6 +239,7 @@ BUILDERS = {
     "multislice_concat": multislice_concat,
     "hstu_dense": hstu_dense,
     "relative_attn_bias": relative_attn_bias,
+    "hstu_dense_fuxi": hstu_dense_fuxi,
 }
 
 

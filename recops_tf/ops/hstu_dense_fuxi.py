@@ -1,0 +1,126 @@
+"""Fuxi-alpha three-channel HSTU attention (stem hstu_dense_fuxi)."""
+import tensorflow as tf
+
+from recops_tf.ops._common import index_tensor, lib, ragged_parts
+from recops_tf.ops.hstu_dense import _check_mask_type, _static_dim
+
+
+def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestamp_bias=None,
+                        position_bias=None, mask_type="causal", mask=None, silu_scale=0.0,
+                        name=None):
+    """Fuxi-alpha attention: a semantic SiLU channel plus temporal and positional channels.
+
+    Per sequence b and head h, with ``m`` the visibility (causal ``j <= i``; all ones for
+    ``"none"``; the custom mask's values for ``"custom"``) and ``c = silu_scale`` (0 means
+    ``1 / max_seq_len``):
+
+    * semantic: ``O_s = round(silu(q_i . k_j) * c * m_ij) . V`` (no softmax, no 1/sqrt(d), no
+      alpha, no bias inside the SiLU);
+    * temporal: ``O_t = round(timestamp_bias[b, i, j] * m_ij) . V``;
+    * positional: ``O_p = round(position_bias[0, i, j] * m_ij) . V``.
+
+    The temporal and positional channels use the raw masked biases as attention weights: no
+    SiLU and no scale. They are computed only when both biases are given. Each output row is
+    then ``[O_s (all heads) | O_t (all heads) | O_p (all heads)]``: ``[T, 3 N D]``, else
+    ``[T, N D]``. Scores are tiled as in ``hstu_attention`` and never stored.
+
+    Args:
+      q, k, v: jagged ``[T, N, D]`` with ``seq_offsets``; or ``tf.RaggedTensor`` ``[B, (L), N,
+        D]`` (the output is then ragged ``[B, (L), C N D]``); or dense ``[B, S, N, D]`` without
+        offsets (output ``[B, S, C N D]``). One head count and one head size for all three (no
+        GQA).
+      seq_offsets: ``[B + 1]`` int32/int64 row offsets of the jagged layout.
+      max_seq_len: S, the extent of the bias and mask planes (dense: defaults to the static S).
+      timestamp_bias: ``[B, S, S]``, e.g. ``relative_attn_bias_time(..., duplicate=False)``'s
+        bias of one layer.
+      position_bias: ``[1, S, S]``.
+      mask_type: ``"causal"``, ``"none"`` or ``"custom"`` (``mask`` ``[B, N, S, S]``);
+        ``"upper triangular"`` is rejected.
+      mask: the custom mask (multiplicative).
+      silu_scale: as above.
+      name: optional op name.
+
+    Returns:
+      ``[T, 3 N D]`` (with both biases) or ``[T, N D]``, of q's dtype (float32, float16,
+      bfloat16, float64; float32 accumulation).
+
+    Gradient: not available yet (the Fuxi backward is being built; see the project's issues):
+      differentiating raises ``NotImplementedError``.
+
+    Raises:
+      InvalidArgumentError: bad offsets, a sequence longer than ``max_seq_len``, q, k, v of
+        different head counts or head sizes, bias or mask shapes.
+      ValueError: only one of the two biases, an unknown mask_type, a missing mask.
+
+    Example:
+
+    >>> q = tf.ones([3, 1, 2]); offsets = tf.constant([0, 3], tf.int64)
+    >>> ts = tf.ones([1, 3, 3]); pos = tf.zeros([1, 3, 3])
+    >>> out = hstu_attention_fuxi(q, q, q, seq_offsets=offsets, max_seq_len=3,
+    ...                           timestamp_bias=ts, position_bias=pos, silu_scale=1.0)
+    >>> out.shape, out[:, 2].numpy().tolist()
+    (TensorShape([3, 6]), [1.0, 2.0, 3.0])
+    """
+    _check_mask_type(mask_type)
+    if (timestamp_bias is None) != (position_bias is None):
+        raise ValueError("hstu_attention_fuxi: give both timestamp_bias and position_bias "
+                         "(the temporal and positional channels), or neither")
+    with tf.name_scope(name or "hstu_attention_fuxi"):
+        if isinstance(q, tf.RaggedTensor):
+            if not (isinstance(k, tf.RaggedTensor) and isinstance(v, tf.RaggedTensor)):
+                raise TypeError("hstu_attention_fuxi: with a ragged q, k and v must be ragged")
+            if max_seq_len is None:
+                raise ValueError("max_seq_len must be given for ragged inputs")
+            qv, splits = ragged_parts(q, "q")
+            out = _jagged(qv, ragged_parts(k, "k")[0], ragged_parts(v, "v")[0], splits,
+                          max_seq_len, timestamp_bias, position_bias, mask_type, mask,
+                          silu_scale)
+            return tf.RaggedTensor.from_row_splits(out, splits, validate=False)
+        q = tf.convert_to_tensor(q, name="q")
+        k = tf.convert_to_tensor(k, dtype=q.dtype, name="k")
+        v = tf.convert_to_tensor(v, dtype=q.dtype, name="v")
+        if seq_offsets is None:
+            if q.shape.rank != 4:
+                raise ValueError("hstu_attention_fuxi: without seq_offsets, q must be dense "
+                                 f"[B, S, N, D], got shape {q.shape}")
+            s = _static_dim(q, 1, "max_seq_len")
+            max_seq_len = s if max_seq_len is None else max_seq_len
+            shape = tf.shape(q, out_type=tf.int64)
+            offsets = tf.range(shape[0] + 1) * shape[1]
+            flat = [tf.reshape(x, [-1, x.shape[2], x.shape[3]]) for x in (q, k, v)]
+            out = _jagged(*flat, offsets, max_seq_len, timestamp_bias, position_bias,
+                          mask_type, mask, silu_scale)
+            return tf.reshape(out, tf.concat([shape[:2], [-1]], 0))
+        if max_seq_len is None:
+            raise ValueError("max_seq_len must be given with seq_offsets")
+        return _jagged(q, k, v, seq_offsets, max_seq_len, timestamp_bias, position_bias,
+                       mask_type, mask, silu_scale)
+
+
+def _jagged(q, k, v, seq_offsets, max_seq_len, timestamp_bias, position_bias, mask_type, mask,
+            silu_scale):
+    if mask_type == "custom":
+        if mask is None:
+            raise ValueError("mask_type 'custom' needs a mask [B, N, max_seq_len, max_seq_len]")
+        mask = tf.convert_to_tensor(mask, dtype=q.dtype, name="mask")
+    else:
+        if mask is not None:
+            raise ValueError(f"a mask was given but mask_type is {mask_type!r}; use 'custom'")
+        mask = tf.zeros([0], q.dtype)
+    has_bias = timestamp_bias is not None
+    empty = tf.zeros([0], q.dtype)
+    ts = tf.convert_to_tensor(timestamp_bias, q.dtype, name="timestamp_bias") if has_bias \
+        else empty
+    pos = tf.convert_to_tensor(position_bias, q.dtype, name="position_bias") if has_bias \
+        else empty
+    return lib().recops_hstu_fuxi_forward(
+        q, k, v, index_tensor(seq_offsets, "seq_offsets"), mask, ts, pos,
+        max_seq_len=int(max_seq_len), silu_scale=float(silu_scale), mask_type=mask_type,
+        has_bias=has_bias)
+
+
+@tf.RegisterGradient("Recops>HstuFuxiForward")
+def _hstu_fuxi_forward_grad(op, grad):
+    raise NotImplementedError(
+        "the gradient of hstu_attention_fuxi is not implemented yet (its fused backward is "
+        "being built); use it for inference")

@@ -1,0 +1,149 @@
+"""Tests of stem hstu_dense_fuxi: Fuxi-alpha three-channel attention (forward)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import recops_tf
+from recops_tf.reference import hstu_dense_fuxi as ref
+from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_matches_reference, in_mode,
+                               random_values)
+
+# Empty, length-1 and multi-tile (> 64, so diagonal and full tiles) sequences.
+LENS = [5, 0, 70, 1]
+MAX = 72
+
+
+def offsets(lens, dtype=tf.int64):
+    return tf.constant(np.concatenate([[0], np.cumsum(lens)]), dtype)
+
+
+def make(dtype=tf.float32, heads=2, dim=8, lens=LENS, seed=0, index_dtype=tf.int64):
+    rows = sum(lens)
+    q, k, v = (random_values([rows, heads, dim], dtype, seed + i) for i in range(3))
+    ts = random_values([len(lens), MAX, MAX], dtype, seed + 4)
+    pos = random_values([1, MAX, MAX], dtype, seed + 5)
+    return q, k, v, ts, pos, offsets(lens, index_dtype)
+
+
+VARIANTS = {
+    "causal_biases": {},
+    "causal_no_bias": {"_no_bias": True},
+    "none": {"mask_type": "none"},
+    "custom": {"mask_type": "custom", "_mask": True},
+    "silu_scale": {"silu_scale": 0.25},
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_matches_reference(dtype, variant, mode):
+    q, k, v, ts, pos, off = make(dtype)
+    kw = dict(VARIANTS[variant])
+    if kw.pop("_no_bias", False):
+        ts = pos = None
+    if kw.pop("_mask", False):
+        kw["mask"] = random_values([len(LENS), 2, MAX, MAX], dtype, 9, low=0.0)
+    fused = lambda q, k, v: recops_tf.hstu_attention_fuxi(  # noqa: E731
+        q, k, v, seq_offsets=off, max_seq_len=MAX, timestamp_bias=ts, position_bias=pos, **kw)
+    reference = lambda q, k, v: ref.hstu_attention_fuxi(  # noqa: E731
+        q, k, v, off, MAX, None if ts is None else tf.cast(ts, tf.float64),
+        None if pos is None else tf.cast(pos, tf.float64),
+        mask=None if "mask" not in kw else tf.cast(kw["mask"], tf.float64),
+        **{a: b for a, b in kw.items() if a != "mask"})
+    out = in_mode(fused, mode, [q, k, v])(q, k, v)
+    assert out.shape[1] == (1 if ts is None else 3) * 2 * 8
+    assert_matches_reference(fused, reference, [q, k, v], dtype, magnitude=3.0, reduction=70)
+
+
+def test_output_layout_is_head_major_channel_blocks():
+    q, k, v, ts, pos, off = make(tf.float64)
+    out = recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                        timestamp_bias=ts, position_bias=pos)
+    semantic = recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX)
+    np.testing.assert_allclose(out[:, :16].numpy(), semantic.numpy(), rtol=1e-12)
+    # The temporal channel with v = ones and a constant bias counts the visible keys.
+    ones = tf.ones_like(v)
+    const = tf.ones_like(ts)
+    out = recops_tf.hstu_attention_fuxi(q, k, ones, seq_offsets=off, max_seq_len=MAX,
+                                        timestamp_bias=const, position_bias=2 * pos[:1] * 0)
+    counts = np.concatenate([np.arange(1, n + 1) for n in LENS]).astype(np.float64)
+    np.testing.assert_allclose(out[:, 16:32].numpy(), np.repeat(counts[:, None], 16, 1))
+    np.testing.assert_array_equal(out[:, 32:].numpy(), 0.0)
+
+
+def test_dense_and_ragged_layouts_match_jagged():
+    lens = [6, 6, 6]
+    q, k, v, ts, pos, off = make(lens=lens)
+    ts, pos = ts[:, :6, :6], pos[:, :6, :6]
+    jagged = recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=6,
+                                           timestamp_bias=ts, position_bias=pos)
+    dense = recops_tf.hstu_attention_fuxi(*(tf.reshape(x, [3, 6, 2, 8]) for x in (q, k, v)),
+                                          timestamp_bias=ts, position_bias=pos)
+    np.testing.assert_array_equal(tf.reshape(dense, [18, -1]).numpy(), jagged.numpy())
+    rag = [tf.RaggedTensor.from_row_splits(x, off) for x in (q, k, v)]
+    ragged = recops_tf.hstu_attention_fuxi(*rag, max_seq_len=6, timestamp_bias=ts,
+                                           position_bias=pos)
+    np.testing.assert_array_equal(ragged.values.numpy(), jagged.numpy())
+
+
+def test_gradient_raises_not_implemented():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        with tf.GradientTape() as tape:
+            tape.watch(q)
+            out = recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX)
+        tape.gradient(out, q)
+
+
+# ---- validation ----------------------------------------------------------------------------
+
+def test_error_gqa_rejected():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one head count"):
+        recops_tf.hstu_attention_fuxi(q, k[:, :1], v[:, :1], seq_offsets=off, max_seq_len=MAX)
+
+
+def test_error_head_dims_differ():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        recops_tf.hstu_attention_fuxi(q, k, v[:, :, :4], seq_offsets=off, max_seq_len=MAX)
+
+
+def test_error_bias_shapes():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="timestamp_bias must have shape"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                      timestamp_bias=ts[:, :10], position_bias=pos)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="position_bias"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                      timestamp_bias=ts, position_bias=ts)
+
+
+def test_error_only_one_bias():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(ValueError, match="both"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                      timestamp_bias=ts)
+
+
+def test_error_offsets():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="seq_offsets"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=offsets([5, 0, 70, 2]),
+                                      max_seq_len=MAX)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_seq_len"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=60)
+
+
+def test_error_mask():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(ValueError, match="needs a mask"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                      mask_type="custom")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="mask must have shape"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                      mask_type="custom", mask=tf.ones([4, 2, 5, 5]))
+    with pytest.raises(ValueError, match="upper"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                      mask_type="upper triangular")
