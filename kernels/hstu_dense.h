@@ -143,6 +143,9 @@ struct HstuTensors {
   T* dk = nullptr;
   T* dv = nullptr;
   T* dbias = nullptr;
+  // Fuxi backward: Acc planes [2, B, max_q, max_k] accumulating the timestamp-bias gradient
+  // and the per-sequence position-bias gradient (void: HstuTensors is typed by T only).
+  void* fuxi_grad_acc = nullptr;
 };
 
 // A work item: rows [row0, row1) of the q side (forward, dQ; h a query head) or of the k side
@@ -183,7 +186,7 @@ struct HstuWorkspace {
     if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
     return buf.data();
   }
-  enum Slot : int { kQ, kDout, kK, kKt, kVt, kV, kAcc, kAcc2, kNumSlots };
+  enum Slot : int { kQ, kDout, kDoutT, kDoutP, kK, kKt, kVt, kV, kAcc, kAcc2, kNumSlots };
   std::vector<Acc> buffers[kNumSlots];
   // Tile buffers (kTile x kTile) and row buffers (kTile).
   Acc s[kTile * kTile], dp[kTile * kTile];
@@ -500,9 +503,12 @@ RECOPS_INLINE void BackwardTileQ(const HstuProblem& p, const HstuTensors<T>& t, 
 template <typename Acc>
 struct HstuBackwardPack {
   const Acc *q, *dout, *k, *kt, *vt;
+  const Acc *dout_t, *dout_p;  // Fuxi: the temporal and positional channels' dO
   int64_t i_lo, q_tiles, j_lo, dim_qk, dim_v;
   const Acc* Q(int64_t g, int64_t i0) const { return q + QIndex(g, i0) * dim_qk; }
   const Acc* Do(int64_t g, int64_t i0) const { return dout + QIndex(g, i0) * dim_v; }
+  const Acc* DoT(int64_t g, int64_t i0) const { return dout_t + QIndex(g, i0) * dim_v; }
+  const Acc* DoP(int64_t g, int64_t i0) const { return dout_p + QIndex(g, i0) * dim_v; }
   const Acc* K(int64_t j0) const { return k + (j0 - j_lo) * dim_qk; }
   const Acc* Kt(int64_t j0) const { return kt + (j0 - j_lo) * dim_qk; }
   const Acc* Vt(int64_t j0) const { return vt + (j0 - j_lo) * dim_v; }
@@ -527,13 +533,21 @@ RECOPS_INLINE HstuBackwardPack<Acc> PackBackward(const HstuProblem& p, const Hst
   pk.dim_qk = p.dim_qk;
   pk.dim_v = p.dim_v;
   Acc* q = w.Get(W::kQ, group * q_tiles * kTile * p.dim_qk);
-  Acc* dout = w.Get(W::kDout, group * q_tiles * kTile * p.dim_v);
+  // dO rows hold one [heads, dim] block per channel (Fuxi with biases: three).
+  const int64_t channels = p.fuxi_bias ? 3 : 1, grad_heads = channels * p.heads_q;
+  Acc* dout[3] = {w.Get(W::kDout, group * q_tiles * kTile * p.dim_v), nullptr, nullptr};
+  if (p.fuxi_bias) {
+    dout[1] = w.Get(W::kDoutT, group * q_tiles * kTile * p.dim_v);
+    dout[2] = w.Get(W::kDoutP, group * q_tiles * kTile * p.dim_v);
+  }
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kv * group + g;
     PackTiles<T, Acc>(t.q, p.heads_q, h, p.dim_qk, p.off_q[b] + i_lo, rows_q, false,
                       q + g * q_tiles * kTile * p.dim_qk);
-    PackTiles<T, Acc>(t.grad, p.heads_q, h, p.dim_v, p.off_q[b] + i_lo, rows_q, false,
-                      dout + g * q_tiles * kTile * p.dim_v);
+    for (int64_t c = 0; c < channels; ++c) {
+      PackTiles<T, Acc>(t.grad, grad_heads, c * p.heads_q + h, p.dim_v, p.off_q[b] + i_lo,
+                        rows_q, false, dout[c] + g * q_tiles * kTile * p.dim_v);
+    }
   }
   Acc* kt = w.Get(W::kKt, k_tiles * kTile * p.dim_qk);
   Acc* vt = w.Get(W::kVt, k_tiles * kTile * p.dim_v);
@@ -545,11 +559,53 @@ RECOPS_INLINE HstuBackwardPack<Acc> PackBackward(const HstuProblem& p, const Hst
     PackTiles<T, Acc>(t.k, p.heads_k, kv, p.dim_qk, p.off_k[b] + j_lo, keys, false, k);
   }
   pk.q = q;
-  pk.dout = dout;
+  pk.dout = dout[0];
+  pk.dout_t = dout[1];
+  pk.dout_p = dout[2];
   pk.k = k;
   pk.kt = kt;
   pk.vt = vt;
   return pk;
+}
+
+// plane[i, j] += m_ij * g[i, j] on the visible entries of tile (i0.., j0..) (m: visibility
+// times the custom mask value; entries past a partial tile's bounds are invisible and skipped).
+template <typename T, typename Acc>
+RECOPS_INLINE void AddMaskedTile(const HstuProblem& p, const HstuTensors<T>& t,
+                                 const HstuSeq& s, int64_t b, int64_t h, int64_t i0, int64_t mq,
+                                 int64_t j0, int64_t nk, const Acc* g, Acc* plane,
+                                 HstuWorkspace<Acc>& w) {
+  const bool full = HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
+  for (int64_t r = 0; r < mq; ++r) {
+    MaskRow<T, Acc>(p, t, s, b, h, i0 + r, j0, nk, full, Acc(1), w.m);
+    Acc* row = plane + (i0 + r) * p.max_k + j0;
+    for (int64_t c = 0; c < nk; ++c) {
+      if (w.m[c] != Acc(0)) row[c] += w.m[c] * g[r * kTile + c];
+    }
+  }
+}
+
+// Fuxi backward extras of one tile (after BackwardTileKv and BackwardTileQ, which leave w.s and
+// w.dp free): dV += Tbᵀ·dO_t + Pbᵀ·dO_p, and the bias gradients m ⊙ (dO_t·Vᵀ) (timestamp bias
+// of sequence b) and m ⊙ (dO_p·Vᵀ) (position bias, per sequence, summed later).
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void FuxiBackwardTile(const HstuProblem& p, const HstuTensors<T>& t,
+                                    const HstuSeq& s, int64_t b, int64_t h, int64_t i0,
+                                    int64_t mq, int64_t j0, int64_t nk, const Acc* dout_t,
+                                    const Acc* dout_p, const Acc* vt, HstuWorkspace<Acc>& w,
+                                    Acc* dv) {
+  const int64_t plane = p.max_q * p.max_k;
+  Acc* d_ts = static_cast<Acc*>(t.fuxi_grad_acc) + b * plane;
+  Acc* d_pos = d_ts + p.batch * plane;
+  const Acc* dos[2] = {dout_t, dout_p};
+  const T* biases[2] = {t.ts_bias + b * plane, t.pos_bias};
+  Acc* grads[2] = {d_ts, d_pos};
+  for (int ch = 0; ch < 2; ++ch) {
+    FuxiBiasTile<T, Acc>(p, t, s, b, h, i0, mq, j0, nk, biases[ch], w.s, w);
+    ScoresTTimes<Acc, I>(w, w.s, mq, nk, dos[ch], p.dim_v, dv);
+    TileTimesT<Acc, I>(dos[ch], mq, p.dim_v, vt, w.dp, w.partial ? w.bound : nullptr);
+    AddMaskedTile<T, Acc>(p, t, s, b, h, i0, mq, j0, nk, w.dp, grads[ch], w);
+  }
 }
 
 // Backward, key side: dK and dV of key rows [row0, row1) of kv head item.h, summed over the
@@ -621,14 +677,13 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
 // query heads then query blocks ascending; dQ: key blocks ascending), so both paths give the
 // same bits.
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void HstuBackwardSeqItem(const HstuProblem& p, const HstuTensors<T>& t,
-                                       const HstuItem& item) {
+RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T>& t,
+                                       int64_t b, int64_t kv) {
   using W = HstuWorkspace<Acc>;
-  const HstuSeq s = SeqOf(p, item.b);
-  const int64_t kv = item.h, group = p.heads_q / p.heads_k;
+  const HstuSeq s = SeqOf(p, b);
+  const int64_t group = p.heads_q / p.heads_k;
   W& w = W::ForThread();
-  const HstuBackwardPack<Acc> pk =
-      PackBackward<T, Acc>(p, t, item.b, kv, 0, s.lq, 0, s.lk, true, w);
+  const HstuBackwardPack<Acc> pk = PackBackward<T, Acc>(p, t, b, kv, 0, s.lq, 0, s.lk, true, w);
   const int64_t q_rows = pk.q_tiles * kTile;
   Acc* dq = w.Get(W::kAcc, group * q_rows * p.dim_qk);
   std::fill(dq, dq + group * q_rows * p.dim_qk, Acc(0));
@@ -642,19 +697,37 @@ RECOPS_INLINE void HstuBackwardSeqItem(const HstuProblem& p, const HstuTensors<T
       for (int64_t i0 = 0; i0 < s.lq; i0 += kTile) {
         const int64_t mq = std::min(kTile, s.lq - i0);
         if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-        BackwardTileKv<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, pk.Q(g, i0),
-                                  pk.Do(g, i0), pk.Kt(j0), pk.Vt(j0), w, dk, dv);
-        BackwardTileQ<T, Acc, I>(p, t, item.b, h, i0, mq, j0, nk, pk.K(j0), w,
+        BackwardTileKv<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, pk.Q(g, i0), pk.Do(g, i0),
+                                  pk.Kt(j0), pk.Vt(j0), w, dk, dv);
+        BackwardTileQ<T, Acc, I>(p, t, b, h, i0, mq, j0, nk, pk.K(j0), w,
                                  dq + (g * q_rows + i0) * p.dim_qk);
+        if (p.fuxi_bias) {
+          FuxiBackwardTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, pk.DoT(g, i0),
+                                      pk.DoP(g, i0), pk.Vt(j0), w, dv);
+        }
       }
     }
-    StoreRows(dk, nk, p.dim_qk, t.dk, p.heads_k, kv, p.off_k[item.b] + j0);
-    StoreRows(dv, nk, p.dim_v, t.dv, p.heads_k, kv, p.off_k[item.b] + j0);
+    StoreRows(dk, nk, p.dim_qk, t.dk, p.heads_k, kv, p.off_k[b] + j0);
+    StoreRows(dv, nk, p.dim_v, t.dv, p.heads_k, kv, p.off_k[b] + j0);
   }
   for (int64_t g = 0; g < group; ++g) {
     StoreRows(dq + g * q_rows * p.dim_qk, s.lq, p.dim_qk, t.dq, p.heads_q, kv * group + g,
-              p.off_q[item.b]);
+              p.off_q[b]);
   }
+}
+
+// Backward in one pass over a whole (sequence, kv head) (used when there are enough of them to
+// keep every thread busy), or with item.h < 0 over every kv head of the sequence in turn (Fuxi
+// with biases: the sequence's bias-gradient plane then has one writer). Per key block, dK and
+// dV as in HstuBackwardKvItem, and dQ of every query block accumulated in a per-item buffer,
+// so each tile's scores are computed once (5 tile GEMMs instead of 7). The summation orders
+// equal those of the two-pass path (dK, dV: query heads then query blocks ascending; dQ: key
+// blocks ascending), so both paths give the same bits.
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void HstuBackwardSeqItem(const HstuProblem& p, const HstuTensors<T>& t,
+                                       const HstuItem& item) {
+  const int64_t first = item.h < 0 ? 0 : item.h, last = item.h < 0 ? p.heads_k : item.h + 1;
+  for (int64_t kv = first; kv < last; ++kv) HstuBackwardSeqHead<T, Acc, I>(p, t, item.b, kv);
 }
 
 }  // namespace recops

@@ -398,6 +398,39 @@ class HstuPagedForwardOp : public HstuBase {
   }
 };
 
+// The backward over validated inputs (t filled, dq / dk / dv allocated; the bias gradient
+// zeroed by the caller when there is a bias).
+template <typename T>
+void RunBackward(OpKernelContext* ctx, const HstuProblem& p, const HstuTensors<T>& t) {
+  // Every row of dq, dk, dv is written by the items below (with zeros where nothing is
+  // visible), except in the one-pass path the rows of sequences without keys or queries,
+  // zeroed here. The bias gradient is written only on visible tiles.
+  const HstuEntries<T>& entries = Entries(t.q);
+  // One pass per (sequence, kv head) when those items alone keep the threads busy;
+  // otherwise (few, long sequences) two passes over 64-row blocks. Same bits either way.
+  const std::vector<HstuItem> seq_items = HstuSequenceItems(p);
+  if (static_cast<int64_t>(seq_items.size()) >= 4 * NumThreads(ctx)) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      if (p.off_q[b + 1] > p.off_q[b] && p.off_k[b + 1] > p.off_k[b]) continue;
+      const auto zero_rows = [](T* x, int64_t r0, int64_t r1, int64_t row) {
+        std::fill(x + r0 * row, x + r1 * row, T(0));
+      };
+      zero_rows(t.dq, p.off_q[b], p.off_q[b + 1], p.heads_q * p.dim_qk);
+      zero_rows(t.dk, p.off_k[b], p.off_k[b + 1], p.heads_k * p.dim_qk);
+      zero_rows(t.dv, p.off_k[b], p.off_k[b + 1], p.heads_k * p.dim_v);
+    }
+    ParallelForDynamic(ctx, seq_items.size(),
+                       [&](int64_t i) { entries.backward_seq(p, t, seq_items[i]); });
+    return;
+  }
+  const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true, NumThreads(ctx));
+  ParallelForDynamic(ctx, kv_items.size(),
+                     [&](int64_t i) { entries.backward_kv(p, t, kv_items[i]); });
+  const std::vector<HstuItem> q_items = HstuWorkItems(p, /*kv_side=*/false, NumThreads(ctx));
+  ParallelForDynamic(ctx, q_items.size(),
+                     [&](int64_t i) { entries.backward_q(p, t, q_items[i]); });
+}
+
 template <typename T>
 class HstuDenseBackwardOp : public HstuBase {
  public:
@@ -430,34 +463,8 @@ class HstuDenseBackwardOp : public HstuBase {
     t.dk = dk->flat<T>().data();
     t.dv = dv->flat<T>().data();
     t.dbias = dbias->flat<T>().data();
-    // Every row of dq, dk, dv is written by the items below (with zeros where nothing is
-    // visible), except in the one-pass path the rows of sequences without keys or queries,
-    // zeroed here. The bias gradient is written only on visible tiles.
     if (p.has_bias) dbias->flat<T>().setZero();
-    const HstuEntries<T>& entries = Entries(t.q);
-    // One pass per (sequence, kv head) when those items alone keep the threads busy;
-    // otherwise (few, long sequences) two passes over 64-row blocks. Same bits either way.
-    const std::vector<HstuItem> seq_items = HstuSequenceItems(p);
-    if (static_cast<int64_t>(seq_items.size()) >= 4 * NumThreads(ctx)) {
-      for (int64_t b = 0; b < p.batch; ++b) {
-        if (p.off_q[b + 1] > p.off_q[b] && p.off_k[b + 1] > p.off_k[b]) continue;
-        const auto zero_rows = [](T* x, int64_t r0, int64_t r1, int64_t row) {
-          std::fill(x + r0 * row, x + r1 * row, T(0));
-        };
-        zero_rows(t.dq, p.off_q[b], p.off_q[b + 1], p.heads_q * p.dim_qk);
-        zero_rows(t.dk, p.off_k[b], p.off_k[b + 1], p.heads_k * p.dim_qk);
-        zero_rows(t.dv, p.off_k[b], p.off_k[b + 1], p.heads_k * p.dim_v);
-      }
-      ParallelForDynamic(ctx, seq_items.size(),
-                         [&](int64_t i) { entries.backward_seq(p, t, seq_items[i]); });
-      return;
-    }
-    const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true, NumThreads(ctx));
-    ParallelForDynamic(ctx, kv_items.size(),
-                       [&](int64_t i) { entries.backward_kv(p, t, kv_items[i]); });
-    const std::vector<HstuItem> q_items = HstuWorkItems(p, /*kv_side=*/false, NumThreads(ctx));
-    ParallelForDynamic(ctx, q_items.size(),
-                       [&](int64_t i) { entries.backward_q(p, t, q_items[i]); });
+    RunBackward<T>(ctx, p, t);
   }
 };
 
@@ -513,6 +520,97 @@ class HstuFuxiForwardOp : public HstuBase {
   bool fuxi_bias_ = false;
 };
 
+// Fuxi-alpha backward (spec §5) with the upstream gradient in the forward's layout (rows of
+// [dO_s | dO_t | dO_p] head-major blocks, so no permutation is needed). Without biases it is the
+// HSTU backward (alpha 1, no bias). With biases: one item per sequence over all its heads, so
+// that the sequence's timestamp-bias gradient plane has one writer; the position-bias
+// gradient is summed over the sequences in order afterwards (deterministic).
+template <typename T>
+class HstuFuxiBackwardOp : public HstuBase {
+ public:
+  explicit HstuFuxiBackwardOp(OpKernelConstruction* ctx) : HstuBase(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("has_bias", &fuxi_bias_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    using Acc = AccumT<T>;
+    const Tensor& grad = ctx->input(0);
+    const Tensor& q = ctx->input(1);
+    const Tensor& k = ctx->input(2);
+    const Tensor& v = ctx->input(3);
+    const Tensor& offsets = ctx->input(4);
+    const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
+    const Tensor empty_t(q.dtype(), TensorShape({0}));
+    OP_REQUIRES_OK(ctx, Prepare({&q, &k, &v, &offsets, &offsets, &empty, &empty,
+                                 &ctx->input(5), &empty_t}));
+    HstuProblem p = problem_;
+    p.fuxi_bias = fuxi_bias_;
+    const int64_t channels = fuxi_bias_ ? 3 : 1;
+    const TensorShape grad_shape({q.dim_size(0), channels * p.heads_q * p.dim_v});
+    OP_REQUIRES(ctx, grad.shape() == grad_shape,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "grad must have the forward output's shape ", grad_shape.DebugString(),
+                    ", got ", grad.shape().DebugString())));
+    Tensor *dq = nullptr, *dk = nullptr, *dv = nullptr, *d_ts = nullptr, *d_pos = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, q.shape(), &dq));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, k.shape(), &dk));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, v.shape(), &dv));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, ctx->input(6).shape(), &d_ts));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, ctx->input(7).shape(), &d_pos));
+    HstuTensors<T> t;
+    t.grad = Ptr<T>(grad);
+    t.q = Ptr<T>(q);
+    t.k = Ptr<T>(k);
+    t.v = Ptr<T>(v);
+    t.mask = Ptr<T>(ctx->input(5));
+    t.dq = dq->flat<T>().data();
+    t.dk = dk->flat<T>().data();
+    t.dv = dv->flat<T>().data();
+    if (!fuxi_bias_) {
+      RunBackward<T>(ctx, p, t);
+      return;
+    }
+    const TensorShape ts_shape({p.batch, max_q_, max_q_}), pos_shape({1, max_q_, max_q_});
+    OP_REQUIRES(ctx, ctx->input(6).shape() == ts_shape && ctx->input(7).shape() == pos_shape,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "timestamp_bias must have shape ", ts_shape.DebugString(),
+                    " and position_bias ", pos_shape.DebugString(), ", got ",
+                    ctx->input(6).shape().DebugString(), " and ",
+                    ctx->input(7).shape().DebugString())));
+    t.ts_bias = Ptr<T>(ctx->input(6));
+    t.pos_bias = Ptr<T>(ctx->input(7));
+    const int64_t plane = max_q_ * max_q_;
+    std::vector<Acc> acc(2 * p.batch * plane, Acc(0));
+    t.fuxi_grad_acc = acc.data();
+    std::vector<HstuItem> items;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t len = p.off_q[b + 1] - p.off_q[b];
+      if (len > 0) items.push_back({b, -1, 0, len, len * len});
+    }
+    std::stable_sort(items.begin(), items.end(),
+                     [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });
+    const HstuEntries<T>& entries = Entries(t.q);
+    ParallelForDynamic(ctx, items.size(),
+                       [&](int64_t i) { entries.backward_seq(p, t, items[i]); });
+    T* ts_out = d_ts->flat<T>().data();
+    T* pos_out = d_pos->flat<T>().data();
+    const Acc* pos_acc = acc.data() + p.batch * plane;
+    ParallelFor(ctx, plane, 8 * p.batch, [&](int64_t e0, int64_t e1) {
+      for (int64_t b = 0; b < p.batch; ++b) {
+        for (int64_t e = e0; e < e1; ++e) ts_out[b * plane + e] = FromAcc<T, Acc>(acc[b * plane + e]);
+      }
+      for (int64_t e = e0; e < e1; ++e) {
+        Acc sum = Acc(0);
+        for (int64_t b = 0; b < p.batch; ++b) sum += pos_acc[b * plane + e];
+        pos_out[e] = FromAcc<T, Acc>(sum);
+      }
+    });
+  }
+
+ private:
+  bool fuxi_bias_ = false;
+};
+
 #define REGISTER(T)                                                                            \
   REGISTER_KERNEL_BUILDER(                                                                     \
       Name("Recops>HstuDenseForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
@@ -525,7 +623,10 @@ class HstuFuxiForwardOp : public HstuBase {
       HstuPagedForwardOp<T>);                                                                  \
   REGISTER_KERNEL_BUILDER(                                                                     \
       Name("Recops>HstuFuxiForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),    \
-      HstuFuxiForwardOp<T>);
+      HstuFuxiForwardOp<T>);                                                                   \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("Recops>HstuFuxiBackward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
+      HstuFuxiBackwardOp<T>);
 REGISTER(float)
 REGISTER(Eigen::half)
 REGISTER(Eigen::bfloat16)

@@ -48,4 +48,43 @@ biases). m: causal visibility, all ones ('none') or the custom mask [B, N, S, S]
 timestamp_bias [B, S, S], position_bias [1, S, S], S = max_seq_len.
 )doc");
 
+REGISTER_OP("Recops>HstuFuxiBackward")
+    .Input("grad: T")
+    .Input("q: T")
+    .Input("k: T")
+    .Input("v: T")
+    .Input("seq_offsets: Tidx")
+    .Input("mask: T")
+    .Input("timestamp_bias: T")
+    .Input("position_bias: T")
+    .Output("dq: T")
+    .Output("dk: T")
+    .Output("dv: T")
+    .Output("d_timestamp_bias: T")
+    .Output("d_position_bias: T")
+    .Attr("T: {float, half, bfloat16, double}")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .Attr("max_seq_len: int >= 1")
+    .Attr("silu_scale: float = 0.0")
+    .Attr("mask_type: {'causal', 'none', 'custom'} = 'causal'")
+    .Attr("has_bias: bool = false")
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &unused));
+      for (int i = 1; i < 4; ++i) {
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 3, &unused));
+        c->set_output(i - 1, c->input(i));
+      }
+      c->set_output(3, c->input(6));
+      c->set_output(4, c->input(7));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of HstuFuxiForward. grad has the forward output's layout ([T, 3 N D] rows of
+[dO_s | dO_t | dO_p] head-major blocks, or [T, N D]): the Rec SDK kernel's [T, N, 3D] layout
+is not needed. dq, dk from dS = round(dO_s.V^T * scale * m * silu'(s)); dv = P^T.dO_s +
+Tb^T.dO_t + Pb^T.dO_p; d_timestamp_bias[b] = sum_h m * (dO_t.V^T); d_position_bias[0] =
+sum_b sum_h m * (dO_p.V^T) (deterministic order); zero outside visible entries.
+)doc");
+
 }  // namespace recops

@@ -99,10 +99,10 @@ OPS = (
     OpStem(
         stem="hstu_dense_fuxi",
         seed_ops=("hstu_dense_forward_fuxi", "hstu_dense_backward_fuxi"),
-        tf_ops=("HstuFuxiForward",),
+        tf_ops=("HstuFuxiForward", "HstuFuxiBackward"),
         public=("hstu_attention_fuxi",),
-        gradient="not implemented yet (raises NotImplementedError); the fused backward is "
-                 "pending",
+        gradient="HstuFuxiBackward (dq, dk, dv, d_timestamp_bias, d_position_bias; scores "
+                 "recomputed per tile, upstream in the forward's layout); second order raises",
         reference=("hstu_attention_fuxi",),
         dtypes=FLOAT_DTYPES,
         index_dtypes=INDEX_DTYPES,

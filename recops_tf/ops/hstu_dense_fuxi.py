@@ -44,8 +44,9 @@ def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestam
       ``[T, 3 N D]`` (with both biases) or ``[T, N D]``, of q's dtype (float32, float16,
       bfloat16, float64; float32 accumulation).
 
-    Gradient: not available yet (the Fuxi backward is being built; see the project's issues):
-      differentiating raises ``NotImplementedError``.
+    Gradient: ``HstuFuxiBackward`` (fused, scores recomputed per tile) w.r.t. q, k, v and both
+    biases; it takes the upstream gradient in this function's output layout (the Rec SDK
+    backward expects ``[T, N, 3D]``; no permutation is needed here). Second order raises.
 
     Raises:
       InvalidArgumentError: bad offsets, a sequence longer than ``max_seq_len``, q, k, v of
@@ -119,8 +120,20 @@ def _jagged(q, k, v, seq_offsets, max_seq_len, timestamp_bias, position_bias, ma
         has_bias=has_bias)
 
 
+_ATTRS = ("max_seq_len", "silu_scale", "mask_type", "has_bias")
+
+
 @tf.RegisterGradient("Recops>HstuFuxiForward")
 def _hstu_fuxi_forward_grad(op, grad):
-    raise NotImplementedError(
-        "the gradient of hstu_attention_fuxi is not implemented yet (its fused backward is "
-        "being built); use it for inference")
+    attrs = {a: op.get_attr(a) for a in _ATTRS}
+    if isinstance(attrs["mask_type"], bytes):
+        attrs["mask_type"] = attrs["mask_type"].decode()
+    dq, dk, dv, d_ts, d_pos = lib().recops_hstu_fuxi_backward(grad, *op.inputs, **attrs)
+    has_bias = attrs["has_bias"]
+    return [dq, dk, dv, None, None, d_ts if has_bias else None, d_pos if has_bias else None]
+
+
+@tf.RegisterGradient("Recops>HstuFuxiBackward")
+def _hstu_fuxi_backward_grad(op, *grads):
+    raise NotImplementedError("second-order gradients of hstu_attention_fuxi are not "
+                              "implemented")

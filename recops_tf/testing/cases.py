@@ -198,11 +198,13 @@ def hstu_dense_fuxi(batch=3, max_len=70, heads=2, dim=8, dtype=tf.float32,
         position_bias=pos)
     reference = lambda q, k, v, ts, pos: ref_fuxi.hstu_attention_fuxi(  # noqa: E731
         q, k, v, offsets, max_len, ts, pos)
-    # Useful causal FLOPs: Q.K plus three P.V products per visible pair.
+    # Useful causal FLOPs per visible pair and head: forward Q.K and three P.V products;
+    # backward dO_s.V, dS.K, dS^T.Q, three dV products and two bias-gradient products.
     pairs = float(np.sum(lengths * (lengths + 1) / 2))
     return Case(f"B={batch} L<={max_len} H={heads} D={dim}", fused, reference,
-                [q, k, v, ts, pos], [], bytes_forward=0, bytes_backward=0,
-                flops_forward=int(2 * heads * 4 * dim * pairs))
+                [q, k, v, ts, pos], [0, 1, 2, 3, 4], bytes_forward=0, bytes_backward=0,
+                flops_forward=int(2 * heads * 4 * dim * pairs),
+                flops_backward=int(2 * heads * 8 * dim * pairs))
 
 
 def relative_attn_bias(fn="time", layers=2, batch=3, steps=5, num_buckets=129,

@@ -1,11 +1,12 @@
-"""Tests of stem hstu_dense_fuxi: Fuxi-alpha three-channel attention (forward)."""
+"""Tests of stem hstu_dense_fuxi: Fuxi-alpha three-channel attention and its gradients."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import recops_tf
 from recops_tf.reference import hstu_dense_fuxi as ref
-from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_matches_reference, in_mode,
+from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
+                               assert_matches_reference, assert_numeric_gradient, in_mode,
                                random_values)
 
 # Empty, length-1 and multi-tile (> 64, so diagonal and full tiles) sequences.
@@ -87,13 +88,80 @@ def test_dense_and_ragged_layouts_match_jagged():
     np.testing.assert_array_equal(ragged.values.numpy(), jagged.numpy())
 
 
-def test_gradient_raises_not_implemented():
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_gradients_match_reference(dtype, variant):
+    q, k, v, ts, pos, off = make(dtype)
+    kw = dict(VARIANTS[variant])
+    no_bias = kw.pop("_no_bias", False)
+    if kw.pop("_mask", False):
+        kw["mask"] = random_values([len(LENS), 2, MAX, MAX], dtype, 9, low=0.0)
+    mask = kw.pop("mask", None)
+
+    def fused(q, k, v, ts=None, pos=None):
+        return recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                             timestamp_bias=ts, position_bias=pos, mask=mask,
+                                             **kw)
+
+    def reference(q, k, v, ts=None, pos=None):
+        m = None if mask is None else tf.cast(mask, q.dtype)
+        return ref.hstu_attention_fuxi(q, k, v, off, MAX, ts, pos, mask=m, **kw)
+
+    args, diff = ([q, k, v], [0, 1, 2]) if no_bias else ([q, k, v, ts, pos], [0, 1, 2, 3, 4])
+    assert_gradients_match_reference(fused, reference, args, diff, dtype, magnitude=3.0,
+                                     reduction=140)
+
+
+def test_numeric_gradients():
+    lens = [3, 0, 4]
+    q, k, v, ts, pos, off = make(tf.float64, heads=2, dim=3, lens=lens)
+    ts, pos = ts[:3, :4, :4], pos[:, :4, :4]
+    f = lambda q, k, v, ts, pos: recops_tf.hstu_attention_fuxi(  # noqa: E731
+        q, k, v, seq_offsets=off, max_seq_len=4, timestamp_bias=ts, position_bias=pos,
+        silu_scale=0.5)
+    assert_numeric_gradient(f, [q, k, v, ts, pos], [0, 1, 2, 3, 4])
+
+
+def test_bias_gradients_are_zero_outside_visible_entries():
     q, k, v, ts, pos, off = make()
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
+    with tf.GradientTape() as tape:
+        tape.watch([ts, pos])
+        out = recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                            timestamp_bias=ts, position_bias=pos)
+        loss = tf.reduce_sum(out)
+    d_ts, d_pos = tape.gradient(loss, [ts, pos])
+    i, j = np.meshgrid(np.arange(MAX), np.arange(MAX), indexing="ij")
+    for b, n in enumerate(LENS):
+        visible = (j <= i) & (i < n)
+        assert np.all(d_ts[b].numpy()[~visible] == 0)
+        if n > 1:
+            assert np.all(d_ts[b].numpy()[visible] != 0)
+    assert np.all(d_pos[0].numpy()[j > i] == 0)
+
+
+def test_backward_is_deterministic():
+    q, k, v, ts, pos, off = make()
+
+    def grads():
         with tf.GradientTape() as tape:
-            tape.watch(q)
-            out = recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX)
-        tape.gradient(out, q)
+            tape.watch([q, k, v, ts, pos])
+            out = recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                                timestamp_bias=ts, position_bias=pos)
+            loss = tf.reduce_sum(out * out)
+        return [g.numpy() for g in tape.gradient(loss, [q, k, v, ts, pos])]
+
+    first = grads()
+    for again in (grads(), grads()):
+        for a, b in zip(first, again):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_error_grad_shape():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="grad must have"):
+        recops_tf.ops.hstu_dense_fuxi.lib().recops_hstu_fuxi_backward(
+            tf.ones([76, 16]), q, k, v, off, tf.zeros([0]), ts, pos, max_seq_len=MAX,
+            has_bias=True)
 
 
 # ---- validation ----------------------------------------------------------------------------
