@@ -7,19 +7,14 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.layers import HSTUAttention, RelativeAttentionBias
 from recops_tf.reference import relative_attn_bias as ref
-from recops_tf.testing import assert_close
+from recops_tf.testing import assert_close, fit_briefly, ragged_time_batch, time_span_target
 
 MAX_LEN, D_MODEL = 12, 8
 LENGTHS = (5, 0, 12, 1, 7, 9, 2, 4)
 
 
-def batch(seed=0, lengths=LENGTHS):
-    rng = np.random.default_rng(seed)
-    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    x = rng.uniform(-1, 1, size=(sum(lengths), D_MODEL)).astype(np.float32)
-    ts = np.concatenate([np.cumsum(rng.integers(0, 5000, size=n)) for n in lengths])
-    return (tf.RaggedTensor.from_row_splits(x, splits),
-            tf.RaggedTensor.from_row_splits(ts.astype(np.int64), splits))
+def batch(seed=0):
+    return ragged_time_batch(LENGTHS, D_MODEL, seed)
 
 
 def test_matches_time_and_toeplitz_references():
@@ -52,29 +47,17 @@ def _model_parts():
 def test_hstu_model_with_relative_bias_trains():
     x, ts = batch(2)
     # The target depends on the time span of each sequence, which only the bias sees.
-    span = [float(r[-1] - r[0]) if len(r) else 0.0 for r in ts.to_list()]
-    y = tf.constant(np.log1p(span)[:, None] / 5.0, tf.float32)
+    y = time_span_target(ts)
     lengths = tf.maximum(tf.cast(x.row_lengths(), tf.float32), 1.0)[:, None]
     rab, attn, head = _model_parts()
-    optimizer = keras.optimizers.Adam(0.03)
 
     def loss_fn():
         out = attn(x, attn_bias=rab(ts))
-        pred = head(tf.reduce_sum(out, axis=1) / lengths)
-        return tf.reduce_mean((pred - y) ** 2)
+        return tf.reduce_mean((head(tf.reduce_sum(out, axis=1) / lengths) - y) ** 2)
 
-    first = float(loss_fn())
-    variables = rab.trainable_variables + attn.trainable_variables + head.trainable_variables
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = loss_fn()
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
-    for _ in range(80):
-        last = float(step())
+    first, last = fit_briefly(loss_fn, lambda: (rab.trainable_variables
+                                                + attn.trainable_variables
+                                                + head.trainable_variables))
     assert last < 0.5 * first, (first, last)
     # Both bias tables learned something (their gradients flow through the fused ops).
     assert np.abs(rab.time_weights.numpy()).max() > 1e-3
