@@ -30,24 +30,25 @@ namespace {
 // bit length of a starts within a few buckets of the answer.
 class Bucketizer {
  public:
-  Bucketizer(double divisor, int64_t num_buckets) : divisor_(divisor), last_(num_buckets - 1) {
+  Bucketizer(double divisor, int64_t num_buckets) : divisor_(divisor) {
+    constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
     first_.assign(num_buckets, 0);
-    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
     for (int64_t k = 1; k < num_buckets; ++k) {
       const double x = std::exp(static_cast<double>(k) * divisor);
-      if (!(x < 4e18)) {
+      if (!(x < 18446744073709551616.0)) {  // beyond every uint64 gap (>= 2^64)
         first_[k] = kNever;
         continue;
       }
-      int64_t a = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(x)));
+      uint64_t a = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(x)));
       while (a > 1 && Formula(a - 1) >= k) --a;
-      while (Formula(a) < k) ++a;
+      while (a < kNever && Formula(a) < k) ++a;
       first_[k] = std::max(a, first_[k - 1]);
+      reachable_ = k;  // the last bucket some uint64 gap falls in
     }
     for (int e = 0; e < 64; ++e) {
       const uint64_t low = uint64_t{1} << e;  // the smallest a with bit length e + 1
       int64_t k = 0;
-      while (k < last_ && static_cast<uint64_t>(first_[k + 1]) <= low) ++k;
+      while (k < reachable_ && first_[k + 1] <= low) ++k;
       start_[e] = k;
     }
   }
@@ -55,18 +56,18 @@ class Bucketizer {
   int32_t operator()(uint64_t a) const {
     if (a <= 1) return 0;
     int64_t k = start_[63 - __builtin_clzll(a)];
-    while (k < last_ && a >= static_cast<uint64_t>(first_[k + 1])) ++k;
+    while (k < reachable_ && a >= first_[k + 1]) ++k;
     return static_cast<int32_t>(k);
   }
 
  private:
-  int64_t Formula(int64_t a) const {
+  int64_t Formula(uint64_t a) const {
     return static_cast<int64_t>(std::floor(std::log(static_cast<double>(a)) / divisor_));
   }
 
   double divisor_;
-  int64_t last_;
-  std::vector<int64_t> first_;  // first_[k]: the smallest a in bucket k (k >= 1)
+  int64_t reachable_ = 0;
+  std::vector<uint64_t> first_;  // first_[k]: the smallest gap in bucket k (k >= 1)
   int64_t start_[64];
 };
 
@@ -115,8 +116,10 @@ class RelativeAttnBiasTimeOp : public OpKernel {
         int32_t* bucket_row = idx + r * s;
         const int64_t ti = static_cast<int64_t>(tb[i]);
         for (int64_t j = 0; j < s; ++j) {
-          const int64_t d = static_cast<int64_t>(tb[j]) - ti;
-          bucket_row[j] = bucketize(static_cast<uint64_t>(d < 0 ? -d : d));
+          // |t_j - t_i| in unsigned arithmetic: exact for any pair of int64 timestamps.
+          const int64_t tj = static_cast<int64_t>(tb[j]);
+          bucket_row[j] = bucketize(tj >= ti ? static_cast<uint64_t>(tj) - static_cast<uint64_t>(ti)
+                                             : static_cast<uint64_t>(ti) - static_cast<uint64_t>(tj));
         }
         for (int64_t l = 0; l < layers; ++l) {
           const T* wl = w + l * num_buckets;

@@ -50,6 +50,16 @@ def test_buckets_are_the_formula_in_float64(divisor):
     np.testing.assert_array_equal(buckets.numpy()[0, 0, 1:], expect)
 
 
+def test_extreme_timestamps_do_not_overflow():
+    # Gaps up to 2^64 - 1 (int64 extremes): the last bucket, no undefined arithmetic.
+    ts = tf.constant([[-2**63, 2**63 - 1, 0]], tf.int64)
+    _, buckets = recops_tf.relative_attn_bias_time(ts, tf.zeros([1, 200]), 0.301,
+                                                   duplicate=False)
+    expect = np.floor(np.log(np.array([2.0**64 - 1, 2.0**63])) / np.float64(np.float32(0.301)))
+    assert buckets.numpy()[0, 0, 1] == expect[0] and buckets.numpy()[0, 0, 2] == expect[1]
+    assert buckets.numpy()[0, 1, 0] == buckets.numpy()[0, 0, 1]
+
+
 def test_single_bucket_and_empty():
     bias, buckets = recops_tf.relative_attn_bias_time([[0, 5, 99]], [[2.5]])
     assert np.all(bias.numpy() == 2.5) and np.all(buckets.numpy() == 0)
