@@ -468,56 +468,71 @@ class HstuDenseBackwardOp : public HstuBase {
   }
 };
 
-// Fuxi-alpha forward (spec §4): the HSTU forward with alpha 1, no bias inside the SiLU, one
-// head count and one head size, plus the temporal / positional channels when both biases are
-// given. Inputs: q, k, v, seq_offsets, mask, timestamp_bias, position_bias.
-template <typename T>
-class HstuFuxiForwardOp : public HstuBase {
+// Fuxi-alpha ops (spec §4, §5): inputs q, k, v, seq_offsets, mask, timestamp_bias,
+// position_bias (after grad for the backward). The HSTU problem with alpha 1, no bias inside
+// the SiLU, one head count and one head size, plus the temporal / positional channels when
+// both biases are given (has_bias).
+class HstuFuxiBase : public HstuBase {
  public:
-  explicit HstuFuxiForwardOp(OpKernelConstruction* ctx) : HstuBase(ctx) {
+  explicit HstuFuxiBase(OpKernelConstruction* ctx) : HstuBase(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("has_bias", &fuxi_bias_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& q = ctx->input(0);
-    const Tensor& k = ctx->input(1);
-    const Tensor& v = ctx->input(2);
-    OP_REQUIRES_OK(ctx, CheckRank(q, "q", 3));
-    OP_REQUIRES_OK(ctx, CheckRank(k, "k", 3));
-    OP_REQUIRES_OK(ctx, CheckRank(v, "v", 3));
-    OP_REQUIRES(ctx, q.dim_size(1) == k.dim_size(1) && q.dim_size(2) == v.dim_size(2),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "Fuxi attention takes q, k, v with one head count and one head size "
-                    "(no GQA, Dqk = Dv), got q ", q.shape().DebugString(), ", k ",
-                    k.shape().DebugString(), ", v ", v.shape().DebugString())));
+ protected:
+  // Validates inputs first..first+6 and fills problem_ (with fuxi_bias).
+  absl::Status PrepareFuxi(OpKernelContext* ctx, int first) {
+    const Tensor& q = ctx->input(first);
+    const Tensor& k = ctx->input(first + 1);
+    const Tensor& v = ctx->input(first + 2);
+    TF_RETURN_IF_ERROR(CheckRank(q, "q", 3));
+    TF_RETURN_IF_ERROR(CheckRank(k, "k", 3));
+    TF_RETURN_IF_ERROR(CheckRank(v, "v", 3));
+    if (q.dim_size(1) != k.dim_size(1) || q.dim_size(2) != v.dim_size(2)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Fuxi attention takes q, k, v with one head count and one head size (no GQA, "
+          "Dqk = Dv), got q ", q.shape().DebugString(), ", k ", k.shape().DebugString(),
+          ", v ", v.shape().DebugString()));
+    }
     const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
     const Tensor empty_t(q.dtype(), TensorShape({0}));
-    const Tensor& offsets = ctx->input(3);
-    OP_REQUIRES_OK(ctx, Prepare({&q, &k, &v, &offsets, &offsets, &empty, &empty,
-                                 &ctx->input(4), &empty_t}));
-    HstuProblem p = problem_;
-    p.fuxi_bias = fuxi_bias_;
-    const Tensor& ts_bias = ctx->input(5);
-    const Tensor& pos_bias = ctx->input(6);
-    if (fuxi_bias_) {
-      const TensorShape ts_shape({p.batch, max_q_, max_q_}), pos_shape({1, max_q_, max_q_});
-      OP_REQUIRES(ctx, ts_bias.shape() == ts_shape && pos_bias.shape() == pos_shape,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "timestamp_bias must have shape ", ts_shape.DebugString(),
-                      " [B, S, S] and position_bias ", pos_shape.DebugString(),
-                      " [1, S, S] (S = max_seq_len), got ", ts_bias.shape().DebugString(),
-                      " and ", pos_bias.shape().DebugString())));
+    const Tensor& offsets = ctx->input(first + 3);
+    TF_RETURN_IF_ERROR(Prepare({&q, &k, &v, &offsets, &offsets, &empty, &empty,
+                                &ctx->input(first + 4), &empty_t}));
+    problem_.fuxi_bias = fuxi_bias_;
+    if (!fuxi_bias_) return absl::OkStatus();
+    const Tensor& ts_bias = ctx->input(first + 5);
+    const Tensor& pos_bias = ctx->input(first + 6);
+    const TensorShape ts_shape({problem_.batch, max_q_, max_q_}), pos_shape({1, max_q_, max_q_});
+    if (ts_bias.shape() != ts_shape || pos_bias.shape() != pos_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "timestamp_bias must have shape ", ts_shape.DebugString(),
+          " [B, S, S] and position_bias ", pos_shape.DebugString(),
+          " [1, S, S] (S = max_seq_len), got ", ts_bias.shape().DebugString(), " and ",
+          pos_bias.shape().DebugString()));
     }
+    return absl::OkStatus();
+  }
+
+  bool fuxi_bias_ = false;
+};
+
+template <typename T>
+class HstuFuxiForwardOp : public HstuFuxiBase {
+ public:
+  using HstuFuxiBase::HstuFuxiBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, PrepareFuxi(ctx, 0));
+    const HstuProblem& p = problem_;
+    const Tensor& q = ctx->input(0);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({q.dim_size(0),
                                             (fuxi_bias_ ? 3 : 1) * p.heads_q * p.dim_v}),
                             &out));
-    RunForward<T>(ctx, p, q, k, v, &ctx->input(4), nullptr, out, &ts_bias, &pos_bias);
+    RunForward<T>(ctx, p, q, ctx->input(1), ctx->input(2), &ctx->input(4), nullptr, out,
+                  &ctx->input(5), &ctx->input(6));
   }
-
- private:
-  bool fuxi_bias_ = false;
 };
 
 // Fuxi-alpha backward (spec §5) with the upstream gradient in the forward's layout (rows of
@@ -526,25 +541,18 @@ class HstuFuxiForwardOp : public HstuBase {
 // that the sequence's timestamp-bias gradient plane has one writer; the position-bias
 // gradient is summed over the sequences in order afterwards (deterministic).
 template <typename T>
-class HstuFuxiBackwardOp : public HstuBase {
+class HstuFuxiBackwardOp : public HstuFuxiBase {
  public:
-  explicit HstuFuxiBackwardOp(OpKernelConstruction* ctx) : HstuBase(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("has_bias", &fuxi_bias_));
-  }
+  using HstuFuxiBase::HstuFuxiBase;
 
   void Compute(OpKernelContext* ctx) override {
     using Acc = AccumT<T>;
+    OP_REQUIRES_OK(ctx, PrepareFuxi(ctx, 1));
+    const HstuProblem& p = problem_;
     const Tensor& grad = ctx->input(0);
     const Tensor& q = ctx->input(1);
     const Tensor& k = ctx->input(2);
     const Tensor& v = ctx->input(3);
-    const Tensor& offsets = ctx->input(4);
-    const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
-    const Tensor empty_t(q.dtype(), TensorShape({0}));
-    OP_REQUIRES_OK(ctx, Prepare({&q, &k, &v, &offsets, &offsets, &empty, &empty,
-                                 &ctx->input(5), &empty_t}));
-    HstuProblem p = problem_;
-    p.fuxi_bias = fuxi_bias_;
     const int64_t channels = fuxi_bias_ ? 3 : 1;
     const TensorShape grad_shape({q.dim_size(0), channels * p.heads_q * p.dim_v});
     OP_REQUIRES(ctx, grad.shape() == grad_shape,
@@ -570,13 +578,6 @@ class HstuFuxiBackwardOp : public HstuBase {
       RunBackward<T>(ctx, p, t);
       return;
     }
-    const TensorShape ts_shape({p.batch, max_q_, max_q_}), pos_shape({1, max_q_, max_q_});
-    OP_REQUIRES(ctx, ctx->input(6).shape() == ts_shape && ctx->input(7).shape() == pos_shape,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "timestamp_bias must have shape ", ts_shape.DebugString(),
-                    " and position_bias ", pos_shape.DebugString(), ", got ",
-                    ctx->input(6).shape().DebugString(), " and ",
-                    ctx->input(7).shape().DebugString())));
     t.ts_bias = Ptr<T>(ctx->input(6));
     t.pos_bias = Ptr<T>(ctx->input(7));
     const int64_t plane = max_q_ * max_q_;
@@ -606,9 +607,6 @@ class HstuFuxiBackwardOp : public HstuBase {
       }
     });
   }
-
- private:
-  bool fuxi_bias_ = false;
 };
 
 #define REGISTER(T)                                                                            \

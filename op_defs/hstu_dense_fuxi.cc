@@ -10,21 +10,28 @@ using tensorflow::shape_inference::DimensionHandle;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
+// The inputs and attributes shared by the forward and the backward (which takes grad first).
+#define RECOPS_FUXI_INPUTS              \
+  Input("q: T")                         \
+      .Input("k: T")                    \
+      .Input("v: T")                    \
+      .Input("seq_offsets: Tidx")       \
+      .Input("mask: T")                 \
+      .Input("timestamp_bias: T")       \
+      .Input("position_bias: T")
+
+#define RECOPS_FUXI_ATTRS                                         \
+  Attr("T: {float, half, bfloat16, double}")                      \
+      .Attr("Tidx: {int32, int64} = DT_INT64")                    \
+      .Attr("max_seq_len: int >= 1")                              \
+      .Attr("silu_scale: float = 0.0")                            \
+      .Attr("mask_type: {'causal', 'none', 'custom'} = 'causal'") \
+      .Attr("has_bias: bool = false")
+
 REGISTER_OP("Recops>HstuFuxiForward")
-    .Input("q: T")
-    .Input("k: T")
-    .Input("v: T")
-    .Input("seq_offsets: Tidx")
-    .Input("mask: T")
-    .Input("timestamp_bias: T")
-    .Input("position_bias: T")
+    .RECOPS_FUXI_INPUTS
     .Output("output: T")
-    .Attr("T: {float, half, bfloat16, double}")
-    .Attr("Tidx: {int32, int64} = DT_INT64")
-    .Attr("max_seq_len: int >= 1")
-    .Attr("silu_scale: float = 0.0")
-    .Attr("mask_type: {'causal', 'none', 'custom'} = 'causal'")
-    .Attr("has_bias: bool = false")
+    .RECOPS_FUXI_ATTRS
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       ShapeHandle q, k, v;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &q));
@@ -50,24 +57,13 @@ timestamp_bias [B, S, S], position_bias [1, S, S], S = max_seq_len.
 
 REGISTER_OP("Recops>HstuFuxiBackward")
     .Input("grad: T")
-    .Input("q: T")
-    .Input("k: T")
-    .Input("v: T")
-    .Input("seq_offsets: Tidx")
-    .Input("mask: T")
-    .Input("timestamp_bias: T")
-    .Input("position_bias: T")
+    .RECOPS_FUXI_INPUTS
     .Output("dq: T")
     .Output("dk: T")
     .Output("dv: T")
     .Output("d_timestamp_bias: T")
     .Output("d_position_bias: T")
-    .Attr("T: {float, half, bfloat16, double}")
-    .Attr("Tidx: {int32, int64} = DT_INT64")
-    .Attr("max_seq_len: int >= 1")
-    .Attr("silu_scale: float = 0.0")
-    .Attr("mask_type: {'causal', 'none', 'custom'} = 'causal'")
-    .Attr("has_bias: bool = false")
+    .RECOPS_FUXI_ATTRS
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &unused));

@@ -37,3 +37,9 @@ def ragged_parts(rt, name):
 
 def zeros_if_none(grad, like):
     return tf.zeros_like(like) if grad is None else grad
+
+
+def op_attrs(op, names):
+    """Attributes of `op` by name, strings decoded (for gradient functions)."""
+    attrs = {a: op.get_attr(a) for a in names}
+    return {a: v.decode() if isinstance(v, bytes) else v for a, v in attrs.items()}

@@ -1,7 +1,7 @@
 """HSTU attention: fused forward and backward (stem hstu_dense)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib, ragged_parts
+from recops_tf.ops._common import index_tensor, lib, op_attrs, ragged_parts
 
 MASK_TYPES = ("causal", "none", "custom")
 
@@ -12,6 +12,18 @@ def _check_mask_type(mask_type):
                          "'causal', 'none' or 'custom'")
     if mask_type not in MASK_TYPES:
         raise ValueError(f"mask_type must be one of {MASK_TYPES}, got {mask_type!r}")
+
+
+def _mask_input(mask_type, mask, dtype, shape):
+    """The op's mask input: the custom mask (required for 'custom', refused otherwise), or an
+    empty tensor."""
+    if mask_type == "custom":
+        if mask is None:
+            raise ValueError(f"mask_type 'custom' needs a mask {shape}")
+        return tf.convert_to_tensor(mask, dtype=dtype, name="mask")
+    if mask is not None:
+        raise ValueError(f"a mask was given but mask_type is {mask_type!r}; use 'custom'")
+    return tf.zeros([0], dtype)
 
 
 def _static_dim(x, axis, what):
@@ -145,14 +157,7 @@ def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, alp
         index.append(tf.zeros([0], tf.int64) if count is None else index_tensor(count, what))
     if len({t.dtype for t in index}) > 1:
         index = [tf.cast(t, tf.int64) for t in index]
-    if mask_type == "custom":
-        if mask is None:
-            raise ValueError("mask_type 'custom' needs a mask [B, Nq, max_seq_len, max_seq_len_k]")
-        mask = tf.convert_to_tensor(mask, dtype=q.dtype, name="mask")
-    else:
-        if mask is not None:
-            raise ValueError(f"a mask was given but mask_type is {mask_type!r}; use 'custom'")
-        mask = tf.zeros([0], q.dtype)
+    mask = _mask_input(mask_type, mask, q.dtype, "[B, Nq, max_seq_len, max_seq_len_k]")
     has_bias = attn_bias is not None
     attn_bias = (tf.convert_to_tensor(attn_bias, dtype=q.dtype, name="attn_bias") if has_bias
                  else tf.zeros([0], q.dtype))
@@ -170,9 +175,7 @@ _ATTRS = ("max_seq_len", "max_seq_len_k", "alpha", "silu_scale", "mask_type",
 
 @tf.RegisterGradient("Recops>HstuDenseForward")
 def _hstu_dense_forward_grad(op, grad):
-    attrs = {a: op.get_attr(a) for a in _ATTRS}
-    attrs["mask_type"] = attrs["mask_type"].decode() if isinstance(attrs["mask_type"], bytes) \
-        else attrs["mask_type"]
+    attrs = op_attrs(op, _ATTRS)
     dq, dk, dv, dbias = lib().recops_hstu_dense_backward(grad, *op.inputs, **attrs)
     return [dq, dk, dv, None, None, None, None, None, dbias if attrs["has_bias"] else None]
 

@@ -1,8 +1,8 @@
 """Fuxi-alpha three-channel HSTU attention (stem hstu_dense_fuxi)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib, ragged_parts
-from recops_tf.ops.hstu_dense import _check_mask_type, _static_dim
+from recops_tf.ops._common import index_tensor, lib, op_attrs, ragged_parts
+from recops_tf.ops.hstu_dense import _check_mask_type, _mask_input, _static_dim
 
 
 def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestamp_bias=None,
@@ -100,14 +100,7 @@ def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestam
 
 def _jagged(q, k, v, seq_offsets, max_seq_len, timestamp_bias, position_bias, mask_type, mask,
             silu_scale):
-    if mask_type == "custom":
-        if mask is None:
-            raise ValueError("mask_type 'custom' needs a mask [B, N, max_seq_len, max_seq_len]")
-        mask = tf.convert_to_tensor(mask, dtype=q.dtype, name="mask")
-    else:
-        if mask is not None:
-            raise ValueError(f"a mask was given but mask_type is {mask_type!r}; use 'custom'")
-        mask = tf.zeros([0], q.dtype)
+    mask = _mask_input(mask_type, mask, q.dtype, "[B, N, max_seq_len, max_seq_len]")
     has_bias = timestamp_bias is not None
     empty = tf.zeros([0], q.dtype)
     ts = tf.convert_to_tensor(timestamp_bias, q.dtype, name="timestamp_bias") if has_bias \
@@ -125,9 +118,7 @@ _ATTRS = ("max_seq_len", "silu_scale", "mask_type", "has_bias")
 
 @tf.RegisterGradient("Recops>HstuFuxiForward")
 def _hstu_fuxi_forward_grad(op, grad):
-    attrs = {a: op.get_attr(a) for a in _ATTRS}
-    if isinstance(attrs["mask_type"], bytes):
-        attrs["mask_type"] = attrs["mask_type"].decode()
+    attrs = op_attrs(op, _ATTRS)
     dq, dk, dv, d_ts, d_pos = lib().recops_hstu_fuxi_backward(grad, *op.inputs, **attrs)
     has_bias = attrs["has_bias"]
     return [dq, dk, dv, None, None, d_ts if has_bias else None, d_pos if has_bias else None]

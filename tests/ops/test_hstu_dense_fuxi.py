@@ -215,3 +215,11 @@ def test_error_mask():
     with pytest.raises(ValueError, match="upper"):
         recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
                                       mask_type="upper triangular")
+
+
+def test_error_backward_checks_heads_like_the_forward():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one head count"):
+        recops_tf.ops.hstu_dense_fuxi.lib().recops_hstu_fuxi_backward(
+            tf.ones([76, 48]), q, k[:, :1], v[:, :1], off, tf.zeros([0]), ts, pos,
+            max_seq_len=MAX, has_bias=True)
