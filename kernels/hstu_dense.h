@@ -18,6 +18,7 @@
 
 #include "kernels/common/dtypes.h"
 #include "kernels/common/microkernels.h"
+#include "kernels/relative_attn_bias.h"
 
 namespace recops {
 
@@ -41,6 +42,18 @@ struct HstuProblem {
   // Fuxi-alpha: temporal and positional channels (HstuTensors::ts_bias, pos_bias), written
   // as channels 1 and 2 of [rows, 3, heads, dim] outputs.
   bool fuxi_bias = false;
+  // Relative attention bias computed per tile (never stored as a plane): the time-gap bucket
+  // weight of HstuTensors::timestamps (per key row) and / or the position weight of the
+  // offset j - (i + delta), both added like attn_bias. hist_buckets: the buckets a gap can
+  // reach (the time-weight gradient's histogram size).
+  bool time_bias = false, pos_bias = false;
+  const Bucketizer* bucketizer = nullptr;
+  const BucketTable* bucket_table = nullptr;
+  int64_t hist_buckets = 0;
+  bool rel_bias() const { return time_bias || pos_bias; }
+  // Per (sequence, kv head) gradient histogram: hist_buckets time buckets, then the
+  // 2 * max_k - 1 position offsets.
+  int64_t rel_hist_size() const { return hist_buckets + (pos_bias ? 2 * max_k - 1 : 0); }
 };
 
 struct HstuSeq {
@@ -146,6 +159,12 @@ struct HstuTensors {
   // Fuxi backward: Acc planes [2, B, max_q, max_k] accumulating the timestamp-bias gradient
   // and the per-sequence position-bias gradient (void: HstuTensors is typed by T only).
   void* fuxi_grad_acc = nullptr;
+  // Relative bias: int64 timestamps per key row, weights [NB] and [2 * max_k - 1], and the
+  // backward's Acc histograms [batch, heads_k, rel_hist_size()].
+  const int64_t* timestamps = nullptr;
+  const T* time_w = nullptr;
+  const T* pos_w = nullptr;
+  void* rel_grad_acc = nullptr;
 };
 
 // A work item: rows [row0, row1) of the q side (forward, dQ; h a query head) or of the k side
@@ -186,7 +205,7 @@ struct HstuWorkspace {
     if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
     return buf.data();
   }
-  enum Slot : int { kQ, kDout, kDoutT, kDoutP, kK, kKt, kVt, kV, kAcc, kAcc2, kNumSlots };
+  enum Slot : int { kQ, kDout, kDoutT, kDoutP, kK, kKt, kVt, kV, kAcc, kAcc2, kHist, kNumSlots };
   std::vector<Acc> buffers[kNumSlots];
   // Tile buffers (kTile x kTile) and row buffers (kTile).
   Acc s[kTile * kTile], dp[kTile * kTile];
@@ -195,6 +214,11 @@ struct HstuWorkspace {
   // block's column bound.
   bool partial = false;
   int64_t bound[kTile];
+  // The relative bias of the last tile scored (rounded to T) and its time buckets; the
+  // position-gradient sums per tile diagonal.
+  Acc rel[kTile * kTile];
+  int32_t bucket[kTile * kTile];
+  Acc diag[2 * kTile];
 };
 
 // Rows [r0, r0 + n) of head `head` of x [rows, heads, dim] into ceil(n / kTile) tiles at dst
@@ -274,6 +298,72 @@ RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const 
   }
 }
 
+// Columns of row r of the last tile scored that hold meaningful values: nk, or on a partial
+// tile the row's block bound.
+template <typename Acc, Isa I>
+RECOPS_INLINE int64_t TileColumns(const HstuWorkspace<Acc>& w, int64_t r, int64_t nk) {
+  return w.partial ? std::min(nk, w.bound[r / kGemmRows<I>]) : nk;
+}
+
+// z = alpha * (round(s) + bias) over n columns. A function of its own so that the pointers'
+// restrict qualifiers hold (GCC ignores them on locals; without them it neither vectorises
+// this loop nor keeps the thread-local workspace's address out of it).
+template <typename T, typename Acc>
+RECOPS_INLINE void BiasedScores(const Acc* __restrict s, const Acc* __restrict bias, Acc alpha,
+                                int64_t n, Acc* __restrict z) {
+  for (int64_t c = 0; c < n; ++c) z[c] = alpha * (RoundTo<T, Acc>(s[c]) + bias[c]);
+}
+
+// One row of the relative bias: the time buckets of gaps |ts[c] - ti| and their weights plus
+// the position weights pos[c] (either may be absent: nullptr), rounded to T once.
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void RelBiasRow(const int64_t* __restrict ts, int64_t ti,
+                              const BucketTable* table, const Bucketizer* exact,
+                              const T* __restrict time_w, const T* __restrict pos, int64_t n,
+                              int32_t* __restrict bucket, Acc* __restrict rel) {
+  if (time_w != nullptr) {
+    if (table != nullptr) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+      if constexpr (I == Isa::kAvx512) {
+        BucketRowAvx512(*table, ts, ti, n, bucket);
+      } else
+#endif
+      {
+        for (int64_t c = 0; c < n; ++c) bucket[c] = (*table)(TimeGap(ts[c], ti));
+      }
+    } else {
+      for (int64_t c = 0; c < n; ++c) bucket[c] = (*exact)(TimeGap(ts[c], ti));
+    }
+    if (pos != nullptr) {
+      for (int64_t c = 0; c < n; ++c) {
+        rel[c] = RoundTo<T, Acc>(ToAcc<T, Acc>(time_w[bucket[c]]) + ToAcc<T, Acc>(pos[c]));
+      }
+    } else {
+      for (int64_t c = 0; c < n; ++c) rel[c] = ToAcc<T, Acc>(time_w[bucket[c]]);
+    }
+  } else {
+    for (int64_t c = 0; c < n; ++c) rel[c] = ToAcc<T, Acc>(pos[c]);
+  }
+}
+
+// The relative bias of tile (i0.., j0..) of sequence b into w.rel (and its time buckets into
+// w.bucket): rel = round(time_w[bucket(|t_j - t_(i+delta)|)] + pos_w[max_k - 1 + j - (i +
+// delta)]), the sum rounded to T once as a separately built attn_bias would be. Query i is key
+// position i + delta (queries are the last positions of the key sequence).
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void RelBiasTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                               int64_t b, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
+                               HstuWorkspace<Acc>& w) {
+  const int64_t* ts = p.time_bias ? t.timestamps + p.off_k[b] : nullptr;
+  for (int64_t r = 0; r < mq; ++r) {
+    const int64_t key_i = i0 + r + s.delta;
+    RelBiasRow<T, Acc, I>(ts ? ts + j0 : nullptr, ts ? ts[key_i] : 0, p.bucket_table,
+                       p.bucketizer, p.time_bias ? t.time_w : nullptr,
+                       p.pos_bias ? t.pos_w + (p.max_k - 1) + j0 - key_i : nullptr,
+                       TileColumns<Acc, I>(w, r, nk), w.bucket + r * kTile, w.rel + r * kTile);
+  }
+}
+
 // Scores of one tile -> P (in place in `sc`), and with `dp` given, dS (in place in `dp`,
 // which holds dO·Vᵀ on entry). Rounding to T where the spec's kernels round. Only rows < mq
 // and columns < nk are meaningful afterwards.
@@ -295,6 +385,8 @@ RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, cons
       for (int64_t c = 0; c < nk; ++c) {
         z[c] = alpha * (RoundTo<T, Acc>(srow[c]) + ToAcc<T, Acc>(bias_row[c]));
       }
+    } else if (p.rel_bias()) {
+      BiasedScores<T, Acc>(srow, w.rel + r * kTile, alpha, nk, z);
     } else {
       for (int64_t c = 0; c < nk; ++c) z[c] = alpha * RoundTo<T, Acc>(srow[c]);
     }
@@ -365,6 +457,7 @@ RECOPS_INLINE void TileScores(const HstuProblem& p, const HstuTensors<T>& t, con
     if (r > 0 && w.bound[r / R] < w.bound[r / R - 1]) w.partial = false;
   }
   const int64_t* bound = w.partial ? w.bound : nullptr;
+  if (p.rel_bias()) RelBiasTile<T, Acc, I>(p, t, s, b, i0, mq, j0, nk, w);
   TileTimesT<Acc, I>(q, mq, p.dim_qk, kt, w.s, bound);
   if (dout != nullptr) TileTimesT<Acc, I>(dout, mq, p.dim_v, vt, w.dp, bound);
   ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, dout != nullptr ? w.dp : nullptr,
@@ -585,6 +678,41 @@ RECOPS_INLINE void AddMaskedTile(const HstuProblem& p, const HstuTensors<T>& t,
   }
 }
 
+// One row of RelBiasGradTile (restrict parameters: see BiasedScores).
+template <typename Acc>
+RECOPS_INLINE void RelBiasGradRow(const Acc* __restrict ds, const int32_t* __restrict bucket,
+                                  int64_t n, Acc* __restrict hist, Acc* __restrict diag) {
+  if (bucket != nullptr) {
+    for (int64_t c = 0; c < n; ++c) hist[4 * bucket[c] + (c & 3)] += ds[c];
+  }
+  if (diag != nullptr) {
+    for (int64_t c = 0; c < n; ++c) diag[c] += ds[c];
+  }
+}
+
+// Relative-bias gradient of one tile from dS in w.dp (after TileScores): each time bucket's
+// sum (into `hist`, four interleaved copies [bucket][4] so that runs of one bucket do not
+// chain through memory) and each position offset's (per tile diagonal, then into `pos`, the
+// [2 * max_k - 1] histogram). Entries past a partial tile's bounds are invisible and skipped;
+// invisible entries inside them have dS = 0.
+template <typename Acc, Isa I>
+RECOPS_INLINE void RelBiasGradTile(const HstuProblem& p, const HstuSeq& s, int64_t i0,
+                                   int64_t mq, int64_t j0, int64_t nk, HstuWorkspace<Acc>& w,
+                                   Acc* hist, Acc* pos) {
+  if (p.pos_bias) std::fill(w.diag, w.diag + 2 * kTile, Acc(0));
+  for (int64_t r = 0; r < mq; ++r) {
+    // diag + kTile - r: element c is the tile's diagonal c - r.
+    RelBiasGradRow<Acc>(w.dp + r * kTile, p.time_bias ? w.bucket + r * kTile : nullptr,
+                        TileColumns<Acc, I>(w, r, nk), hist,
+                        p.pos_bias ? w.diag + kTile - r : nullptr);
+  }
+  if (!p.pos_bias) return;
+  // Tile diagonal x (offset x - kTile) is key offset j - (i + delta) = x - kTile + j0 - i0 -
+  // delta; x runs over the offsets the tile has.
+  Acc* dst = pos + (p.max_k - 1) + j0 - i0 - s.delta - kTile;
+  for (int64_t x = kTile - mq + 1; x < kTile + nk; ++x) dst[x] += w.diag[x];
+}
+
 // Fuxi backward extras of one tile (after BackwardTileKv and BackwardTileQ, which leave w.s and
 // w.dp free): dV += Tbᵀ·dO_t + Pbᵀ·dO_p, and the bias gradients m ⊙ (dO_t·Vᵀ) (timestamp bias
 // of sequence b) and m ⊙ (dO_p·Vᵀ) (position bias, per sequence, summed later).
@@ -685,6 +813,12 @@ RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T
   W& w = W::ForThread();
   const HstuBackwardPack<Acc> pk = PackBackward<T, Acc>(p, t, b, kv, 0, s.lq, 0, s.lk, true, w);
   const int64_t q_rows = pk.q_tiles * kTile;
+  // Relative bias: this item's histograms (time: four interleaved copies in the workspace).
+  Acc* rel_grad = p.rel_bias() ? static_cast<Acc*>(t.rel_grad_acc) +
+                                     (b * p.heads_k + kv) * p.rel_hist_size()
+                               : nullptr;
+  Acc* hist = p.time_bias ? w.Get(W::kHist, 4 * p.hist_buckets) : nullptr;
+  if (hist) std::fill(hist, hist + 4 * p.hist_buckets, Acc(0));
   Acc* dq = w.Get(W::kAcc, group * q_rows * p.dim_qk);
   std::fill(dq, dq + group * q_rows * p.dim_qk, Acc(0));
   Acc* dk = w.Get(W::kAcc2, kTile * (p.dim_qk + p.dim_v));
@@ -705,6 +839,9 @@ RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T
           FuxiBackwardTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, pk.DoT(g, i0),
                                       pk.DoP(g, i0), pk.Vt(j0), w, dv);
         }
+        if (rel_grad != nullptr) {
+          RelBiasGradTile<Acc, I>(p, s, i0, mq, j0, nk, w, hist, rel_grad + p.hist_buckets);
+        }
       }
     }
     StoreRows(dk, nk, p.dim_qk, t.dk, p.heads_k, kv, p.off_k[b] + j0);
@@ -713,6 +850,9 @@ RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T
   for (int64_t g = 0; g < group; ++g) {
     StoreRows(dq + g * q_rows * p.dim_qk, s.lq, p.dim_qk, t.dq, p.heads_q, kv * group + g,
               p.off_q[b]);
+  }
+  for (int64_t k = 0; hist != nullptr && k < p.hist_buckets; ++k) {
+    rel_grad[k] = (hist[4 * k] + hist[4 * k + 1]) + (hist[4 * k + 2] + hist[4 * k + 3]);
   }
 }
 

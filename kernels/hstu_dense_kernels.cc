@@ -2,7 +2,9 @@
 // (compiled for AVX-512, AVX2 and baseline x86-64, picked at load time).
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -114,6 +116,16 @@ class HstuBase : public OpKernel {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("window_right", &window_right_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("has_bias", &has_bias_));
     }
+    if (ctx->HasAttr("has_time_bias")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("has_time_bias", &time_bias_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("has_position_bias", &pos_bias_));
+      float divisor = 0.0f;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_divisor", &divisor));
+      OP_REQUIRES(ctx, divisor > 0.0f && std::isfinite(divisor),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "bucket_divisor must be a positive finite number, got ", divisor)));
+      divisor_ = divisor;
+    }
   }
 
  protected:
@@ -220,6 +232,61 @@ class HstuBase : public OpKernel {
     return absl::OkStatus();
   }
 
+  // The relative bias inputs first..first+2 (timestamps, time weights, position weights),
+  // after Prepare: fills the problem's and `t`'s relative-bias fields.
+  template <typename T>
+  absl::Status PrepareRelBias(OpKernelContext* ctx, int first, HstuTensors<T>* t) {
+    HstuProblem& p = problem_;
+    p.time_bias = time_bias_;
+    p.pos_bias = pos_bias_;
+    p.hist_buckets = 0;
+    if (!p.rel_bias()) return absl::OkStatus();
+    if (has_bias_) {
+      return absl::InvalidArgumentError(
+          "attn_bias and the relative (time / position) bias cannot be combined: add the "
+          "dense bias to attn_bias instead");
+    }
+    const Tensor& ts = ctx->input(first);
+    const Tensor& time_w = ctx->input(first + 1);
+    const Tensor& pos_w = ctx->input(first + 2);
+    if (time_bias_) {
+      const int64_t rows_k = off_k_.back();
+      TF_RETURN_IF_ERROR(CheckRank(ts, "timestamps", 1));
+      TF_RETURN_IF_ERROR(ReadInt64Vector(ts, "timestamps", &timestamps_));
+      if (static_cast<int64_t>(timestamps_.size()) != rows_k) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "timestamps must have one entry per key row (", rows_k, "), got shape ",
+            ts.shape().DebugString()));
+      }
+      TF_RETURN_IF_ERROR(CheckRank(time_w, "time_bias_weights", 1));
+      const int64_t num_buckets = time_w.dim_size(0);
+      if (num_buckets < 1) {
+        return absl::InvalidArgumentError(
+            "time_bias_weights must have at least one bucket, got shape [0]");
+      }
+      if (!bucketizer_ || bucketizer_buckets_ != num_buckets) {
+        bucketizer_.emplace(divisor_, num_buckets);
+        bucket_table_.emplace(*bucketizer_);
+        bucketizer_buckets_ = num_buckets;
+      }
+      p.bucketizer = &*bucketizer_;
+      p.bucket_table = bucket_table_->usable() ? &*bucket_table_ : nullptr;
+      p.hist_buckets = bucketizer_->reachable() + 1;
+      t->timestamps = timestamps_.data();
+      t->time_w = Ptr<T>(time_w);
+    }
+    if (pos_bias_) {
+      const TensorShape want({2 * max_k_ - 1});
+      if (pos_w.shape() != want) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "position_bias_weights must have shape ", want.DebugString(),
+            " [2 * max_seq_len_k - 1], got ", pos_w.shape().DebugString()));
+      }
+      t->pos_w = Ptr<T>(pos_w);
+    }
+    return absl::OkStatus();
+  }
+
   // num_context / num_target: empty (not given) or one non-negative count per sequence.
   absl::Status ReadCounts(const Tensor& t, const char* name, std::vector<int64_t>* out) {
     TF_RETURN_IF_ERROR(ReadInt64Vector(t, name, out));
@@ -243,7 +310,13 @@ class HstuBase : public OpKernel {
   }
 
   HstuProblem problem_;
-  std::vector<int64_t> off_q_, off_k_, ctx_, tgt_;
+  std::vector<int64_t> off_q_, off_k_, ctx_, tgt_, timestamps_;
+  // The relative bias's buckets (rebuilt when the number of buckets changes).
+  std::optional<Bucketizer> bucketizer_;
+  std::optional<BucketTable> bucket_table_;
+  int64_t bucketizer_buckets_ = 0;
+  double divisor_ = 0.301;
+  bool time_bias_ = false, pos_bias_ = false;
   int64_t max_q_, max_k_, group_ = 0, window_left_ = -1, window_right_ = -1;
   float alpha_ = 1.0f, silu_scale_ = 0.0f;
   HstuMask mask_type_;
@@ -254,8 +327,8 @@ class HstuBase : public OpKernel {
 template <typename T>
 void RunForward(OpKernelContext* ctx, const HstuProblem& p, const Tensor& q, const Tensor& k,
                 const Tensor& v, const Tensor* mask, const Tensor* bias, Tensor* out,
-                const Tensor* ts_bias = nullptr, const Tensor* pos_bias = nullptr) {
-  HstuTensors<T> t;
+                const Tensor* ts_bias = nullptr, const Tensor* pos_bias = nullptr,
+                HstuTensors<T> t = {}) {
   if (p.fuxi_bias) {
     t.ts_bias = ts_bias->flat<T>().data();
     t.pos_bias = pos_bias->flat<T>().data();
@@ -278,13 +351,15 @@ class HstuDenseForwardOp : public HstuBase {
 
   void Compute(OpKernelContext* ctx) override {
     OP_REQUIRES_OK(ctx, Prepare(ctx, 0));
+    HstuTensors<T> rel;
+    OP_REQUIRES_OK(ctx, PrepareRelBias<T>(ctx, 9, &rel));
     const HstuProblem& p = problem_;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({ctx->input(0).dim_size(0), p.heads_q, p.dim_v}),
                             &out));
     RunForward<T>(ctx, p, ctx->input(0), ctx->input(1), ctx->input(2), &ctx->input(7),
-                  &ctx->input(8), out);
+                  &ctx->input(8), out, nullptr, nullptr, rel);
   }
 };
 
@@ -408,8 +483,9 @@ void RunBackward(OpKernelContext* ctx, const HstuProblem& p, const HstuTensors<T
   const HstuEntries<T>& entries = Entries(t.q);
   // One pass per (sequence, kv head) when those items alone keep the threads busy;
   // otherwise (few, long sequences) two passes over 64-row blocks. Same bits either way.
+  // The relative bias's gradient histograms are per (sequence, kv head): one pass only.
   const std::vector<HstuItem> seq_items = HstuSequenceItems(p);
-  if (static_cast<int64_t>(seq_items.size()) >= 4 * NumThreads(ctx)) {
+  if (p.rel_bias() || static_cast<int64_t>(seq_items.size()) >= 4 * NumThreads(ctx)) {
     for (int64_t b = 0; b < p.batch; ++b) {
       if (p.off_q[b + 1] > p.off_q[b] && p.off_k[b + 1] > p.off_k[b]) continue;
       const auto zero_rows = [](T* x, int64_t r0, int64_t r1, int64_t row) {
@@ -437,7 +513,10 @@ class HstuDenseBackwardOp : public HstuBase {
   using HstuBase::HstuBase;
 
   void Compute(OpKernelContext* ctx) override {
+    using Acc = AccumT<T>;
     OP_REQUIRES_OK(ctx, Prepare(ctx, 1));
+    HstuTensors<T> t;
+    OP_REQUIRES_OK(ctx, PrepareRelBias<T>(ctx, 10, &t));
     const HstuProblem& p = problem_;
     const Tensor& grad = ctx->input(0);
     const Tensor& q = ctx->input(1);
@@ -452,7 +531,9 @@ class HstuDenseBackwardOp : public HstuBase {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(2).shape(), &dk));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(3).shape(), &dv));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, ctx->input(9).shape(), &dbias));
-    HstuTensors<T> t;
+    Tensor *d_time_w = nullptr, *d_pos_w = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, ctx->input(11).shape(), &d_time_w));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, ctx->input(12).shape(), &d_pos_w));
     t.grad = Ptr<T>(grad);
     t.q = Ptr<T>(q);
     t.k = Ptr<T>(ctx->input(2));
@@ -464,7 +545,31 @@ class HstuDenseBackwardOp : public HstuBase {
     t.dv = dv->flat<T>().data();
     t.dbias = dbias->flat<T>().data();
     if (p.has_bias) dbias->flat<T>().setZero();
+    std::vector<Acc> rel_acc;
+    if (p.rel_bias()) {
+      rel_acc.assign(p.batch * p.heads_k * p.rel_hist_size(), Acc(0));
+      t.rel_grad_acc = rel_acc.data();
+    }
     RunBackward<T>(ctx, p, t);
+    if (!p.rel_bias()) return;
+    // Each weight's gradient: the items' histograms summed in (sequence, kv head) order
+    // (deterministic); time buckets past the reachable ones get zero.
+    const int64_t items = p.batch * p.heads_k, size = p.rel_hist_size();
+    const auto reduce = [&](int64_t begin, int64_t n, int64_t valid, T* out) {
+      ParallelFor(ctx, n, 4 * items, [&](int64_t e0, int64_t e1) {
+        for (int64_t e = e0; e < e1; ++e) {
+          Acc sum = Acc(0);
+          for (int64_t it = 0; e < valid && it < items; ++it) sum += rel_acc[it * size + begin + e];
+          out[e] = FromAcc<T, Acc>(sum);
+        }
+      });
+    };
+    if (p.time_bias) {
+      reduce(0, d_time_w->NumElements(), p.hist_buckets, d_time_w->flat<T>().data());
+    }
+    if (p.pos_bias) {
+      reduce(p.hist_buckets, 2 * max_k_ - 1, 2 * max_k_ - 1, d_pos_w->flat<T>().data());
+    }
   }
 };
 

@@ -11,6 +11,7 @@
 #include "kernels/common/dtypes.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
+#include "kernels/relative_attn_bias.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -23,53 +24,6 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
 namespace {
-
-// bucket(a) = min(floor(ln(max(a, 1)) / divisor), num_buckets - 1) for integer a >= 0, in
-// float64, without a logarithm per element: the smallest a of every bucket is found once
-// (exactly, by evaluating the formula itself around exp(k * divisor)), and a lookup by the
-// bit length of a starts within a few buckets of the answer.
-class Bucketizer {
- public:
-  Bucketizer(double divisor, int64_t num_buckets) : divisor_(divisor) {
-    constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
-    first_.assign(num_buckets, 0);
-    for (int64_t k = 1; k < num_buckets; ++k) {
-      const double x = std::exp(static_cast<double>(k) * divisor);
-      if (!(x < 18446744073709551616.0)) {  // beyond every uint64 gap (>= 2^64)
-        first_[k] = kNever;
-        continue;
-      }
-      uint64_t a = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(x)));
-      while (a > 1 && Formula(a - 1) >= k) --a;
-      while (a < kNever && Formula(a) < k) ++a;
-      first_[k] = std::max(a, first_[k - 1]);
-      reachable_ = k;  // the last bucket some uint64 gap falls in
-    }
-    for (int e = 0; e < 64; ++e) {
-      const uint64_t low = uint64_t{1} << e;  // the smallest a with bit length e + 1
-      int64_t k = 0;
-      while (k < reachable_ && first_[k + 1] <= low) ++k;
-      start_[e] = k;
-    }
-  }
-
-  int32_t operator()(uint64_t a) const {
-    if (a <= 1) return 0;
-    int64_t k = start_[63 - __builtin_clzll(a)];
-    while (k < reachable_ && a >= first_[k + 1]) ++k;
-    return static_cast<int32_t>(k);
-  }
-
- private:
-  int64_t Formula(uint64_t a) const {
-    return static_cast<int64_t>(std::floor(std::log(static_cast<double>(a)) / divisor_));
-  }
-
-  double divisor_;
-  int64_t reachable_ = 0;
-  std::vector<uint64_t> first_;  // first_[k]: the smallest gap in bucket k (k >= 1)
-  int64_t start_[64];
-};
 
 template <typename T, typename Tidx>
 class RelativeAttnBiasTimeOp : public OpKernel {

@@ -20,7 +20,10 @@ using tensorflow::shape_inference::ShapeHandle;
       .Input("num_context: Tidx")   \
       .Input("num_target: Tidx")    \
       .Input("mask: T")             \
-      .Input("attn_bias: T")
+      .Input("attn_bias: T")            \
+      .Input("timestamps: Tidx")        \
+      .Input("time_bias_weights: T")    \
+      .Input("position_bias_weights: T")
 
 #define RECOPS_HSTU_ATTRS                                       \
   Attr("T: {float, half, bfloat16, double}")                    \
@@ -33,7 +36,10 @@ using tensorflow::shape_inference::ShapeHandle;
       .Attr("target_group_size: int >= 0 = 0")                  \
       .Attr("window_left: int >= -1 = -1")                      \
       .Attr("window_right: int >= -1 = -1")                     \
-      .Attr("has_bias: bool = false")
+      .Attr("has_bias: bool = false")                           \
+      .Attr("has_time_bias: bool = false")                      \
+      .Attr("has_position_bias: bool = false")                  \
+      .Attr("bucket_divisor: float = 0.301")
 
 REGISTER_OP("Recops>HstuDenseForward")
     .RECOPS_HSTU_INPUTS
@@ -48,7 +54,7 @@ REGISTER_OP("Recops>HstuDenseForward")
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(q, 2), c->Dim(k, 2), &unused));
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(k, 0), c->Dim(v, 0), &unused));
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(k, 1), c->Dim(v, 1), &unused));
-      for (int i = 3; i < 7; ++i) TF_RETURN_IF_ERROR(RequireVector(c, i));
+      for (int i : {3, 4, 5, 6, 9, 10, 11}) TF_RETURN_IF_ERROR(RequireVector(c, i));
       c->set_output(0, c->MakeShape({c->Dim(q, 0), c->Dim(q, 1), c->Dim(v, 2)}));
       return absl::OkStatus();
     })
@@ -56,7 +62,11 @@ REGISTER_OP("Recops>HstuDenseForward")
 HSTU attention on jagged q [Tq, Nq, Dqk], k [Tk, Nk, Dqk], v [Tk, Nk, Dv]:
 O[i,h] = sum_j round(silu(alpha * (q_i.k_j + bias_hij)) * scale * m_hij) * v_j (no softmax).
 num_context / num_target: empty or [B]; mask / attn_bias: [B, Nq, max_seq_len, max_seq_len_k]
-(mask only read for mask_type 'custom', attn_bias only with has_bias).
+(mask only read for mask_type 'custom', attn_bias only with has_bias). Relative bias computed per
+tile instead of attn_bias: with has_time_bias, time_bias_weights[bucket(|t_j - t_(i+delta)|)]
+(timestamps [Tk] per key row, bucket = min(floor(ln(max(gap, 1)) / bucket_divisor), NB - 1));
+with has_position_bias, position_bias_weights[max_seq_len_k - 1 + j - (i + delta)]
+(length 2 * max_seq_len_k - 1); delta = Lk - Lq. Unused inputs may be empty.
 )doc");
 
 REGISTER_OP("Recops>HstuDenseBackward")
@@ -66,6 +76,8 @@ REGISTER_OP("Recops>HstuDenseBackward")
     .Output("dk: T")
     .Output("dv: T")
     .Output("d_attn_bias: T")
+    .Output("d_time_bias_weights: T")
+    .Output("d_position_bias_weights: T")
     .RECOPS_HSTU_ATTRS
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       for (int i = 0; i < 4; ++i) {
@@ -76,11 +88,14 @@ REGISTER_OP("Recops>HstuDenseBackward")
       c->set_output(1, c->input(2));
       c->set_output(2, c->input(3));
       c->set_output(3, c->input(9));
+      c->set_output(4, c->input(11));
+      c->set_output(5, c->input(12));
       return absl::OkStatus();
     })
     .Doc(R"doc(
-Gradients of HstuDenseForward (recomputes scores per tile): dq, dk, dv, and d_attn_bias = dS
-(zero outside each sequence's valid block; shaped like attn_bias).
+Gradients of HstuDenseForward (recomputes scores per tile): dq, dk, dv, d_attn_bias = dS
+(zero outside each sequence's valid block; shaped like attn_bias), and the relative-bias
+weights' gradients (dS summed over heads per bucket / offset; deterministic).
 )doc");
 
 #undef RECOPS_HSTU_ATTRS

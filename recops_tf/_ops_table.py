@@ -140,7 +140,8 @@ OPS = (
         seed_ops=("hstu_dense_forward", "hstu_dense_backward", "hstu_backward_v2"),
         tf_ops=("HstuDenseForward", "HstuDenseBackward", "HstuPagedForward"),
         public=("hstu_attention", "hstu_attention_paged"),
-        gradient="HstuDenseBackward (dq, dk, dv, d_attn_bias = dS; scores recomputed per "
+        gradient="HstuDenseBackward (dq, dk, dv, d_attn_bias = dS, the relative-bias weights; "
+                 "scores recomputed per "
                  "tile); second order not implemented (raises); the paged forward is "
                  "inference only (raises)",
         reference=("hstu_attention", "hstu_attention_paged"),
@@ -149,14 +150,18 @@ OPS = (
         bound="compute",
         bench={
             "tiny": ({"batch": 3, "max_len": 70, "heads": 2, "dim": 8},
-                     {"batch": 3, "max_len": 40, "heads": 2, "dim": 8, "paged": True}),
+                     {"batch": 3, "max_len": 40, "heads": 2, "dim": 8, "paged": True},
+                     {"batch": 3, "max_len": 70, "heads": 2, "dim": 8, "rel_bias": True}),
             # Lengths uniform in [1, L], causal, float32. At L = 4096 the padded composite's
             # [B, H, L, L] scores need ~1 GB per tensor per 4 sequences: B = 4 keeps it in memory.
             "full": ({"batch": 32, "max_len": 256, "heads": 4, "dim": 64},
                      {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64},
                      {"batch": 4, "max_len": 4096, "heads": 4, "dim": 64},
                      {"batch": 256, "max_len": 2048, "heads": 4, "dim": 64, "paged": True,
-                      "page_size": 128}),
+                      "page_size": 128},
+                     # The fused relative bias against the dense bias built by the separate
+                     # ops ([B, H, L, L], 512 MB here) fed to the same attention.
+                     {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64, "rel_bias": True}),
         },
     ),
 )

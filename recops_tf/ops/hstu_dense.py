@@ -2,6 +2,7 @@
 import tensorflow as tf
 
 from recops_tf.ops._common import index_tensor, lib, op_attrs, ragged_parts
+from recops_tf.ops.relative_attn_bias import DEFAULT_BUCKET_DIVISOR
 
 MASK_TYPES = ("causal", "none", "custom")
 
@@ -36,13 +37,18 @@ def _static_dim(x, axis, what):
 def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, silu_scale=0.0,
                    mask_type="causal", mask=None, attn_bias=None, num_context=None,
                    num_target=None, target_group_size=0, seq_offsets_k=None, max_seq_len_k=None,
-                   window_size=None, name=None):
+                   window_size=None, timestamps=None, time_bias_weights=None,
+                   position_bias_weights=None, bucket_divisor=DEFAULT_BUCKET_DIVISOR, name=None):
     """HSTU attention (pointwise SiLU attention of generative recommenders), fused.
 
     Definition, per sequence b, query head h (kv head ``h // (Nq/Nk)``), query i, key j:
 
     * ``z_ij = alpha * (q_i . k_j + attn_bias[b, h, i, j])`` (the bias is added before alpha
-      multiplies; no softmax, no 1/sqrt(d));
+      multiplies; no softmax, no 1/sqrt(d)), or with the fused relative bias instead of
+      ``attn_bias``: ``+ time_bias_weights[bucket(|t_j - t_(i+delta)|)] +
+      position_bias_weights[max_seq_len_k - 1 + j - (i + delta)]`` (the sum rounded to the
+      input dtype), ``delta = Lk - Lq`` (0 for self-attention) and the bucket that of
+      ``relative_attn_bias_time``: ``min(floor(ln(max(gap, 1)) / bucket_divisor), NB - 1)``;
     * ``p_ij = silu(z_ij) * c * m_ij`` with ``c = silu_scale`` (``0`` means
       ``1 / max_seq_len``) and ``m`` the mask: built-in causal (``j <= i + Lk - Lq``, refined
       by ``num_context`` / ``num_target`` / ``target_group_size``), ``"none"``, or a
@@ -79,6 +85,14 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
       seq_offsets_k: ``[B+1]`` key offsets (default ``seq_offsets``).
       max_seq_len_k: the longest key sequence (default ``max_seq_len``).
       window_size: optional ``(left, right)`` window sizes.
+      timestamps: int32/int64 timestamps of the key rows, in k's layout: ``[Tk]`` (jagged),
+        ``[B, Sk]`` (dense) or a ``tf.RaggedTensor`` ``[B, (Lk)]``; needed by
+        ``time_bias_weights``.
+      time_bias_weights: ``[NB]`` learned weight per time bucket (HSTU's relative attention
+        bias, time part), computed per score tile: the ``[B, N, S, S]`` bias is never built.
+      position_bias_weights: ``[2 * max_seq_len_k - 1]`` learned weight per relative position
+        ``j - i`` (offset by ``max_seq_len_k - 1``), likewise fused.
+      bucket_divisor: the time buckets' log width (positive).
       name: optional op name.
 
     Returns:
@@ -86,15 +100,20 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
       ``[B, S, Nq, Dv]`` (dense).
 
     Gradient: w.r.t. q, k, v and attn_bias (the bias gradient is dS, zero outside each
-    sequence's valid block); none for offsets, counts and the mask. Second-order gradients
-    are not implemented (they raise).
+    sequence's valid block), and w.r.t. ``time_bias_weights`` / ``position_bias_weights``
+    (dS summed over heads per bucket / relative position, float32 accumulation, summed in a
+    fixed order: deterministic); none for offsets, counts, timestamps and the mask.
+    Second-order gradients are not implemented (they raise).
 
     Raises:
       InvalidArgumentError: bad offsets, a sequence longer than max_seq_len(_k), more queries
         than keys, head counts not divisible, mismatched head dims, mask/bias of the wrong
-        shape, counts of the wrong length or too large.
+        shape, counts of the wrong length or too large, timestamps not one per key row, no
+        time bucket, position weights not of length ``2 * max_seq_len_k - 1``, a non-positive
+        bucket_divisor.
       ValueError: an unknown or unsupported mask_type, a missing mask, a max_seq_len that cannot
-        be inferred.
+        be inferred, time weights without timestamps (or the reverse), attn_bias together with
+        the relative bias.
 
     Example:
 
@@ -108,6 +127,17 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
     models must use ``jit_compile=False``.
     """
     _check_mask_type(mask_type)
+    opts = dict(alpha=alpha, silu_scale=silu_scale, mask_type=mask_type, mask=mask,
+                attn_bias=attn_bias, num_context=num_context, num_target=num_target,
+                target_group_size=target_group_size, window_size=window_size,
+                time_bias_weights=time_bias_weights,
+                position_bias_weights=position_bias_weights, bucket_divisor=bucket_divisor)
+    if (timestamps is None) != (time_bias_weights is None):
+        raise ValueError("hstu_attention: timestamps and time_bias_weights go together")
+    if attn_bias is not None and (time_bias_weights is not None
+                                  or position_bias_weights is not None):
+        raise ValueError("hstu_attention: attn_bias cannot be combined with the fused relative "
+                         "bias (time_bias_weights / position_bias_weights)")
     with tf.name_scope(name or "hstu_attention"):
         if isinstance(q, tf.RaggedTensor):
             if not (isinstance(k, tf.RaggedTensor) and isinstance(v, tf.RaggedTensor)):
@@ -117,9 +147,9 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
             vv, ov = ragged_parts(v, "v")
             if max_seq_len is None:
                 raise ValueError("max_seq_len must be given for ragged inputs")
-            out = _jagged(qv, kv_, vv, oq, ok, max_seq_len, max_seq_len_k, alpha, silu_scale,
-                          mask_type, mask, attn_bias, num_context, num_target,
-                          target_group_size, window_size)
+            if isinstance(timestamps, tf.RaggedTensor):
+                timestamps = ragged_parts(timestamps, "timestamps")[0]
+            out = _jagged(qv, kv_, vv, oq, ok, max_seq_len, max_seq_len_k, timestamps, **opts)
             return tf.RaggedTensor.from_row_splits(out, oq, validate=False)
         q = tf.convert_to_tensor(q, name="q")
         k = tf.convert_to_tensor(k, dtype=q.dtype, name="k")
@@ -134,50 +164,63 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
             qs, ks = tf.shape(q, out_type=tf.int64), tf.shape(k, out_type=tf.int64)
             oq = tf.range(qs[0] + 1) * qs[1]
             ok = tf.range(ks[0] + 1) * ks[1]
+            if timestamps is not None:
+                timestamps = tf.reshape(index_tensor(timestamps, "timestamps"), [-1])
             out = _jagged(tf.reshape(q, [-1, q.shape[2], q.shape[3]]),
                           tf.reshape(k, [-1, k.shape[2], k.shape[3]]),
                           tf.reshape(v, [-1, v.shape[2], v.shape[3]]), oq, ok, max_seq_len,
-                          max_seq_len_k, alpha, silu_scale, mask_type, mask, attn_bias,
-                          num_context, num_target, target_group_size, window_size)
+                          max_seq_len_k, timestamps, **opts)
             return tf.reshape(out, tf.concat([qs[:3], [tf.shape(v, out_type=tf.int64)[3]]], 0))
         if max_seq_len is None:
             raise ValueError("max_seq_len must be given with seq_offsets")
         return _jagged(q, k, v, seq_offsets,
                        seq_offsets if seq_offsets_k is None else seq_offsets_k, max_seq_len,
-                       max_seq_len_k, alpha, silu_scale, mask_type, mask, attn_bias,
-                       num_context, num_target, target_group_size, window_size)
+                       max_seq_len_k, timestamps, **opts)
 
 
-def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, alpha,
-            silu_scale, mask_type, mask, attn_bias, num_context, num_target, target_group_size,
-            window_size):
+def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, timestamps, *,
+            alpha, silu_scale, mask_type, mask, attn_bias, num_context, num_target,
+            target_group_size, window_size, time_bias_weights, position_bias_weights,
+            bucket_divisor):
     max_seq_len_k = max_seq_len if max_seq_len_k is None else max_seq_len_k
     index = [index_tensor(seq_offsets, "seq_offsets"), index_tensor(seq_offsets_k, "seq_offsets_k")]
-    for count, what in ((num_context, "num_context"), (num_target, "num_target")):
+    for count, what in ((num_context, "num_context"), (num_target, "num_target"),
+                        (timestamps, "timestamps")):
         index.append(tf.zeros([0], tf.int64) if count is None else index_tensor(count, what))
     if len({t.dtype for t in index}) > 1:
         index = [tf.cast(t, tf.int64) for t in index]
+    *index, timestamps = index
     mask = _mask_input(mask_type, mask, q.dtype, "[B, Nq, max_seq_len, max_seq_len_k]")
     has_bias = attn_bias is not None
     attn_bias = (tf.convert_to_tensor(attn_bias, dtype=q.dtype, name="attn_bias") if has_bias
                  else tf.zeros([0], q.dtype))
+    weights = [tf.zeros([0], q.dtype) if w is None else
+               tf.convert_to_tensor(w, dtype=q.dtype, name=what)
+               for w, what in ((time_bias_weights, "time_bias_weights"),
+                               (position_bias_weights, "position_bias_weights"))]
     left, right = (-1, -1) if window_size is None else (int(window_size[0]), int(window_size[1]))
     return lib().recops_hstu_dense_forward(
-        q, k, v, *index, mask, attn_bias, max_seq_len=int(max_seq_len),
+        q, k, v, *index, mask, attn_bias, timestamps, *weights, max_seq_len=int(max_seq_len),
         max_seq_len_k=int(max_seq_len_k), alpha=float(alpha), silu_scale=float(silu_scale),
         mask_type=mask_type, target_group_size=int(target_group_size), window_left=left,
-        window_right=right, has_bias=has_bias)
+        window_right=right, has_bias=has_bias, has_time_bias=time_bias_weights is not None,
+        has_position_bias=position_bias_weights is not None,
+        bucket_divisor=float(bucket_divisor))
 
 
 _ATTRS = ("max_seq_len", "max_seq_len_k", "alpha", "silu_scale", "mask_type",
-          "target_group_size", "window_left", "window_right", "has_bias")
+          "target_group_size", "window_left", "window_right", "has_bias", "has_time_bias",
+          "has_position_bias", "bucket_divisor")
 
 
 @tf.RegisterGradient("Recops>HstuDenseForward")
 def _hstu_dense_forward_grad(op, grad):
     attrs = op_attrs(op, _ATTRS)
-    dq, dk, dv, dbias = lib().recops_hstu_dense_backward(grad, *op.inputs, **attrs)
-    return [dq, dk, dv, None, None, None, None, None, dbias if attrs["has_bias"] else None]
+    dq, dk, dv, dbias, d_time, d_pos = lib().recops_hstu_dense_backward(grad, *op.inputs,
+                                                                         **attrs)
+    return [dq, dk, dv, None, None, None, None, None, dbias if attrs["has_bias"] else None,
+            None, d_time if attrs["has_time_bias"] else None,
+            d_pos if attrs["has_position_bias"] else None]
 
 
 @tf.RegisterGradient("Recops>HstuDenseBackward")

@@ -40,11 +40,45 @@ def visibility(seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, mask_type
     return vis
 
 
+def relative_bias(timestamps, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k,
+                  time_bias_weights=None, position_bias_weights=None,
+                  bucket_divisor=0.301):
+    """The relative bias plane [B, 1, S, Sk] of hstu_attention's fused relative bias, built
+    densely: time_w[bucket(|t_j - t_(i+delta)|)] + pos_w[Sk - 1 + j - (i + delta)], the
+    bucket in float64 from the float32 divisor. Padding entries hold clipped garbage (the
+    mask removes them)."""
+    lq, lk = _lengths(seq_offsets), _lengths(seq_offsets_k)
+    batch = tf.shape(lq)[0]
+    key_i = (tf.range(max_seq_len, dtype=tf.int64)[None, :] + (lk - lq)[:, None])  # [B, S]
+    key_i = tf.clip_by_value(key_i, 0, max_seq_len_k - 1)
+    bias = 0
+    if time_bias_weights is not None:
+        tk = tf.RaggedTensor.from_row_splits(tf.cast(timestamps, tf.int64),
+                                             tf.cast(seq_offsets_k, tf.int64))
+        tk = tk.to_tensor(shape=[batch, max_seq_len_k])
+        ti = tf.gather(tk, key_i, batch_dims=1)
+        gap = tf.cast(tf.abs(tk[:, None, :] - ti[:, :, None]), tf.float64)
+        num_buckets = tf.shape(time_bias_weights, out_type=tf.int64)[0]
+        bucket = tf.floor(tf.math.log(tf.maximum(gap, 1.0)) / float(np.float32(bucket_divisor)))
+        bucket = tf.minimum(tf.cast(bucket, tf.int64), num_buckets - 1)
+        bias = tf.gather(time_bias_weights, bucket)
+    if position_bias_weights is not None:
+        offset = (max_seq_len_k - 1 + tf.range(max_seq_len_k, dtype=tf.int64)[None, None, :]
+                  - key_i[:, :, None])
+        bias = bias + tf.gather(position_bias_weights, offset)
+    return bias[:, None]
+
+
 def hstu_attention(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, alpha=1.0,
                    silu_scale=0.0, mask_type="causal", mask=None, attn_bias=None,
                    num_context=None, num_target=None, target_group_size=0, window_left=-1,
-                   window_right=-1):
+                   window_right=-1, timestamps=None, time_bias_weights=None,
+                   position_bias_weights=None, bucket_divisor=0.301):
     """Jagged q [Tq, Nq, Dqk], k [Tk, Nk, Dqk], v [Tk, Nk, Dv] -> [Tq, Nq, Dv]."""
+    if time_bias_weights is not None or position_bias_weights is not None:
+        attn_bias = relative_bias(timestamps, seq_offsets, seq_offsets_k, max_seq_len,
+                                  max_seq_len_k, time_bias_weights, position_bias_weights,
+                                  bucket_divisor)
     dtype = q.dtype
     splits_q = tf.cast(seq_offsets, tf.int64)
     splits_k = tf.cast(seq_offsets_k, tf.int64)

@@ -115,11 +115,16 @@ def multislice_concat(rows=5, cols=12, outputs=3, slices_per_output=2, dtype=tf.
 
 
 def hstu_dense(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
-               dtype=tf.float32, index_dtype=tf.int64, seed=0):
+               rel_bias=False, dtype=tf.float32, index_dtype=tf.int64, seed=0):
     """Causal jagged HSTU attention, lengths uniform in [1, max_len], Nq = Nk, Dqk = Dv.
 
     With `paged`, the paged KV-cache forward: each sequence has a cache of up to max_len keys
-    in pages and up to 4 new tokens, the last up to 2 of them targets (forward only)."""
+    in pages and up to 4 new tokens, the last up to 2 of them targets (forward only).
+
+    With `rel_bias`, the fused relative bias (129 time buckets of increasing timestamps, gaps
+    up to a day, and 2 * max_len - 1 position weights) against the same attention given the
+    dense bias built by the separate ops (relative_attn_bias_time + the Toeplitz position
+    bias, broadcast over heads), which is how the bias is applied without the fusion."""
     rng = np.random.default_rng(seed)
     if paged:
         return _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, seed)
@@ -130,6 +135,9 @@ def hstu_dense(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
     # Useful (causal, unpadded) work: two GEMMs over half of each L x L score matrix forward,
     # four backward.
     flops = int(2 * heads * (dim + dim) * np.sum(lengths.astype(np.float64) ** 2) / 2)
+    if rel_bias:
+        return _hstu_rel_bias(rng, lengths, offsets, max_len, heads, [q, k, v], flops, dtype,
+                              seed)
     return Case(f"B={batch} L<={max_len} H={heads} D={dim}",
                 lambda q, k, v: recops_tf.hstu_attention(q, k, v, seq_offsets=offsets,
                                                          max_seq_len=max_len),
@@ -137,6 +145,34 @@ def hstu_dense(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
                                                         max_len),
                 [q, k, v], [0, 1, 2], _nbytes(q, k, v, v), 2 * _nbytes(q, k, v, v),
                 flops_forward=flops, flops_backward=2 * flops)
+
+
+def _hstu_rel_bias(rng, lengths, offsets, max_len, heads, qkv, flops, dtype, seed):
+    ts = np.concatenate([np.cumsum(rng.integers(0, 86400, size=n)) for n in lengths])
+    ts = tf.constant(ts, tf.int64)
+    dense_ts = tf.RaggedTensor.from_row_splits(ts, tf.cast(offsets, tf.int64)).to_tensor(
+        shape=[len(lengths), max_len])
+    time_w = random_values([129], dtype, seed + 4)
+    pos_w = random_values([2 * max_len - 1], dtype, seed + 5)
+
+    def fused(q, k, v, time_w, pos_w):
+        return recops_tf.hstu_attention(q, k, v, seq_offsets=offsets, max_seq_len=max_len,
+                                        timestamps=ts, time_bias_weights=time_w,
+                                        position_bias_weights=pos_w)
+
+    def separate(q, k, v, time_w, pos_w):
+        time_bias, _ = recops_tf.relative_attn_bias_time(dense_ts, time_w[None],
+                                                         duplicate=False)
+        pos_bias, _ = recops_tf.toeplitz_position_bias(pos_w, duplicate=False)
+        bias = time_bias[0] + pos_bias[None]
+        bias = tf.broadcast_to(bias[:, None], [len(lengths), heads, max_len, max_len])
+        return recops_tf.hstu_attention(q, k, v, seq_offsets=offsets, max_seq_len=max_len,
+                                        attn_bias=bias)
+
+    return Case(f"rel. bias B={len(lengths)} L<={max_len} H={heads} D={qkv[0].shape[2]}",
+                fused, separate, [*qkv, time_w, pos_w], [0, 1, 2, 3, 4],
+                _nbytes(*qkv, qkv[2]), 2 * _nbytes(*qkv, qkv[2]), flops_forward=flops,
+                flops_backward=2 * flops)
 
 
 def _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, seed):

@@ -35,9 +35,9 @@ def plane(dtype, nq=4, seed=7, batch=4, low=-1.0):
 
 
 def fused_fn(oq, ok, **kw):
-    def f(q, k, v):
+    def f(q, k, v, **more):
         return recops_tf.hstu_attention(q, k, v, seq_offsets=oq, seq_offsets_k=ok,
-                                        max_seq_len=MAX_Q, max_seq_len_k=MAX_K, **kw)
+                                        max_seq_len=MAX_Q, max_seq_len_k=MAX_K, **kw, **more)
     return f
 
 
@@ -46,8 +46,8 @@ def ref_fn(oq, ok, **kw):
     if window is not None:
         kw["window_left"], kw["window_right"] = window
 
-    def f(q, k, v):
-        return ref.hstu_attention(q, k, v, oq, ok, MAX_Q, MAX_K, **kw)
+    def f(q, k, v, **more):
+        return ref.hstu_attention(q, k, v, oq, ok, MAX_Q, MAX_K, **kw, **more)
     return f
 
 
@@ -371,8 +371,8 @@ def test_error_grad_shape():
     with pytest.raises(tf.errors.InvalidArgumentError, match="grad must have shape"):
         _loader.load().recops_hstu_dense_backward(
             tf.zeros([3, 4, 6]), q, k, v, oq, ok, tf.zeros([0], tf.int64),
-            tf.zeros([0], tf.int64), tf.zeros([0]), tf.zeros([0]), max_seq_len=MAX_Q,
-            max_seq_len_k=MAX_K)
+            tf.zeros([0], tf.int64), tf.zeros([0]), tf.zeros([0]), tf.zeros([0], tf.int64),
+            tf.zeros([0]), tf.zeros([0]), max_seq_len=MAX_Q, max_seq_len_k=MAX_K)
 
 
 # ---- paged KV-cache forward --------------------------------------------------------------
@@ -540,3 +540,232 @@ def test_backward_paths_agree_bit_for_bit(with_bias):
         grads = _grads(q, k, v, oq, ok, bias, upstream * scale)
         np.testing.assert_array_equal(grads[1][7:9].numpy(), np.zeros([2, 4, 8], np.float32))
         np.testing.assert_array_equal(grads[2][7:9].numpy(), np.zeros([2, 4, 6], np.float32))
+
+
+# ---- fused relative attention bias (time buckets + relative positions) -------------------
+
+NUM_BUCKETS = 23
+
+
+def rel_inputs(dtype, lens_k=LENS_K, seed=20, spread=10**6):
+    """Sorted per-sequence timestamps (one per key row) and the two weight vectors."""
+    rng = np.random.default_rng(seed)
+    ts = np.concatenate([np.sort(rng.integers(0, spread, size=n)) for n in lens_k])
+    time_w = random_values([NUM_BUCKETS], dtype, seed + 1)
+    pos_w = random_values([2 * MAX_K - 1], dtype, seed + 2)
+    return tf.constant(ts, tf.int64), time_w, pos_w
+
+
+REL_VARIANTS = {
+    "time_and_position": {},
+    "time_only": {"_no_pos": True},
+    "position_only": {"_no_time": True},
+    "context_target_group2": {"num_context": [1, 0, 6, 0], "num_target": [2, 0, 9, 1],
+                              "target_group_size": 2},
+    "window_alpha": {"window_size": (9, 0), "alpha": 0.6},
+}
+
+
+def rel_case(variant, dtype, nk=2):
+    q, k, v, oq, ok = make(dtype, nk=nk, lens_k=LENS_K)
+    ts, time_w, pos_w = rel_inputs(dtype)
+    kw = dict(REL_VARIANTS[variant])
+    time_w = None if kw.pop("_no_time", False) else time_w
+    pos_w = None if kw.pop("_no_pos", False) else pos_w
+    args, names = [q, k, v], []
+    for w, name in ((time_w, "time_bias_weights"), (pos_w, "position_bias_weights")):
+        if w is not None:
+            args.append(w)
+            names.append(name)
+    kw["timestamps"] = ts if time_w is not None else None
+
+    def call(fn):
+        def f(q, k, v, *weights):
+            return fn(q, k, v, **dict(zip(names, weights)))
+        return f
+    return args, call(fused_fn(oq, ok, **kw)), call(ref_fn(oq, ok, **kw))
+
+
+@pytest.mark.parametrize("variant", sorted(REL_VARIANTS))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_relative_bias_matches_reference(dtype, variant):
+    args, fused, reference = rel_case(variant, dtype)
+    assert_matches_reference(fused, reference, args, dtype, magnitude=2.0, reduction=70)
+    assert_gradients_match_reference(fused, reference, args, list(range(len(args))), dtype,
+                                     magnitude=3.0, reduction=400)
+
+
+@pytest.mark.parametrize("nk", [4, 1])
+def test_relative_bias_gqa_and_function(nk):
+    args, fused, reference = rel_case("time_and_position", tf.float32, nk=nk)
+    f = in_mode(fused, "function", args)
+    assert_gradients_match_reference(f, reference, args, [0, 1, 2, 3, 4], tf.float32,
+                                     magnitude=3.0, reduction=400)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_relative_bias_equals_dense_bias_from_the_separate_ops(dtype):
+    """The fused bias equals attn_bias built by relative_attn_bias_time + the Toeplitz
+    position bias (self-attention, so query i is key i): the same bits forward and for
+    dq / dk / dv; the weights' gradients agree (the dense path sums dS in the input dtype)."""
+    lens = [5, 0, 70, 1]
+    q, k, v, oq, _ = make(dtype, lens_q=lens)
+    ts, time_w, pos_w = rel_inputs(dtype, lens_k=lens)
+    dense_ts = tf.RaggedTensor.from_row_splits(ts, oq).to_tensor(shape=[4, MAX_Q])
+
+    def fused(q, k, v, tw, pw):
+        return recops_tf.hstu_attention(q, k, v, seq_offsets=oq, max_seq_len=MAX_Q,
+                                        timestamps=ts, time_bias_weights=tw,
+                                        position_bias_weights=pw, alpha=0.8)
+
+    def separate(q, k, v, tw, pw):
+        time_bias, _ = recops_tf.relative_attn_bias_time(dense_ts, tw[None], duplicate=False)
+        pos_bias, _ = recops_tf.toeplitz_position_bias(pw, duplicate=False)
+        bias = tf.broadcast_to((time_bias[0] + pos_bias[None])[:, None], [4, 4, MAX_Q, MAX_Q])
+        return recops_tf.hstu_attention(q, k, v, seq_offsets=oq, max_seq_len=MAX_Q,
+                                        attn_bias=bias, alpha=0.8)
+
+    args = [q, k, v, time_w, pos_w]
+    upstream = random_values([sum(lens), 4, 6], dtype, 3)
+    results = []
+    for fn in (fused, separate):
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            out = fn(*args)
+            loss = tf.reduce_sum(tf.cast(out * upstream, tf.float32))
+        results.append([out] + [tf.convert_to_tensor(g) for g in tape.gradient(loss, args)])
+    for a, b in zip(results[0][:4], results[1][:4]):
+        np.testing.assert_array_equal(tf.cast(a, tf.float32).numpy(),
+                                      tf.cast(b, tf.float32).numpy())
+    for a, b in zip(results[0][4:], results[1][4:]):
+        assert_close(a, tf.cast(b, tf.float64), dtype, magnitude=3.0, reduction=400)
+
+
+def test_relative_bias_layouts():
+    args, fused, _ = rel_case("time_and_position", tf.float32)
+    q, k, v, time_w, pos_w = args
+    _, _, _, oq, ok = make(tf.float32, lens_k=LENS_K)
+    ts = rel_inputs(tf.float32)[0]
+    expected = fused(*args)
+    rq, rk, rv, rts = (tf.RaggedTensor.from_row_splits(x, o)
+                       for x, o in ((q, oq), (k, ok), (v, ok), (ts, ok)))
+    out = recops_tf.hstu_attention(rq, rk, rv, max_seq_len=MAX_Q, max_seq_len_k=MAX_K,
+                                   timestamps=rts, time_bias_weights=time_w,
+                                   position_bias_weights=pos_w)
+    np.testing.assert_array_equal(out.values.numpy(), expected.numpy())
+    # Dense [B, S] timestamps with dense q / k / v (two sequences of 8).
+    dense_args = [tf.reshape(x[:16], [2, 8, x.shape[1], x.shape[2]]) for x in (q, k, v)]
+    dts = tf.reshape(ts[:16], [2, 8])
+    weights = dict(time_bias_weights=time_w, position_bias_weights=pos_w[MAX_K - 8:MAX_K + 7])
+    dense = recops_tf.hstu_attention(*dense_args, timestamps=dts, **weights)
+    jagged = recops_tf.hstu_attention(q[:16], k[:16], v[:16], seq_offsets=[0, 8, 16],
+                                      max_seq_len=8, timestamps=ts[:16], **weights)
+    np.testing.assert_array_equal(tf.reshape(dense, [16, 4, 6]).numpy(), jagged.numpy())
+
+
+@pytest.mark.parametrize("divisor", [0.301, 0.05, 0.002])  # 0.002: the exact (loop) buckets
+def test_relative_bias_buckets_equal_relative_attn_bias_time(divisor):
+    """Timestamps spanning the whole int64 range, unsorted: each score's time bias is the
+    weight of relative_attn_bias_time's bucket (weights = distinct powers of two, read back
+    through a one-key attention)."""
+    rng = np.random.default_rng(5)
+    n = 40
+    ts = rng.integers(-2**63, 2**63 - 1, size=n, dtype=np.int64)
+    ts[:6] = [-2**63, 2**63 - 1, 0, 1, -1, 2**62]
+    ts[6:20] = rng.integers(-50, 50, size=14)
+    num_buckets = 30000 if divisor < 0.01 else 300
+    time_w = tf.constant(rng.normal(size=[num_buckets]), tf.float64)
+    _, buckets = recops_tf.relative_attn_bias_time(ts[None], time_w[None], divisor,
+                                                   duplicate=False)
+    expected = tf.gather(time_w, buckets[0])  # [n, n]
+    # z = q.k + bias with q.k = 0; alpha 1, scale 1, mask none: out[i] = sum_j silu(b_ij) v_j;
+    # v = one-hot rows read each silu(b_ij) back.
+    q = tf.zeros([n, 1, 1], tf.float64)
+    v = tf.eye(n, dtype=tf.float64)[:, None, :]
+    out = recops_tf.hstu_attention(q, q, v, seq_offsets=[0, n], max_seq_len=n, silu_scale=1.0,
+                                   mask_type="none", timestamps=ts, time_bias_weights=time_w,
+                                   bucket_divisor=divisor)
+    silu = lambda x: x * tf.sigmoid(x)  # noqa: E731
+    np.testing.assert_allclose(out[:, 0, :].numpy(), silu(expected).numpy(), rtol=1e-15)
+
+
+def test_relative_bias_numeric_gradients():
+    lens = [3, 0, 4]
+    q, k, v, oq, ok = make(tf.float64, nq=2, nk=1, dqk=3, dv=2, lens_q=lens, lens_k=[4, 1, 4])
+    ts = tf.constant([0, 5, 100, 3000, 7, 1, 2, 50, 51], tf.int64)
+    time_w = random_values([6], tf.float64, 1)
+    pos_w = random_values([2 * MAX_K - 1], tf.float64, 2)
+    f = lambda q, k, v, tw, pw: recops_tf.hstu_attention(  # noqa: E731
+        q, k, v, seq_offsets=oq, seq_offsets_k=ok, max_seq_len=MAX_Q, max_seq_len_k=MAX_K,
+        alpha=0.8, silu_scale=0.5, timestamps=ts, time_bias_weights=tw,
+        position_bias_weights=pw)
+    assert_numeric_gradient(f, [q, k, v, time_w, pos_w], [0, 1, 2, 3])
+    # The position weights (2 * 72 - 1 of them, few used): against the composite's.
+    reference = lambda q, k, v, tw, pw: ref.hstu_attention(  # noqa: E731
+        q, k, v, oq, ok, MAX_Q, MAX_K, alpha=0.8, silu_scale=0.5, timestamps=ts,
+        time_bias_weights=tw, position_bias_weights=pw)
+    assert_gradients_match_reference(f, reference, [q, k, v, time_w, pos_w], [4], tf.float64)
+
+
+def test_relative_bias_gradient_is_deterministic():
+    args, fused, _ = rel_case("time_and_position", tf.float32, nk=4)
+    upstream = random_values([76, 4, 6], tf.float32, 9)
+    grads = []
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            loss = tf.reduce_sum(fused(*args) * upstream)
+        grads.append([g.numpy() for g in tape.gradient(loss, args)])
+    for again in grads[1:]:
+        for a, b in zip(grads[0], again):
+            np.testing.assert_array_equal(a, b)
+
+
+def _rel_call(**kw):
+    ts, time_w, pos_w = rel_inputs(tf.float32)
+    kw = {"timestamps": ts, "time_bias_weights": time_w, "position_bias_weights": pos_w, **kw}
+    return _call(**kw)
+
+
+def test_error_relative_bias_timestamps_length():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one entry per key row"):
+        _rel_call(timestamps=tf.zeros([5], tf.int64))
+
+
+def test_error_relative_bias_no_buckets():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at least one bucket"):
+        _rel_call(time_bias_weights=tf.zeros([0]))
+
+
+def test_error_relative_bias_position_weights_length():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"2 \* max_seq_len_k - 1"):
+        _rel_call(position_bias_weights=tf.zeros([2 * MAX_K]))
+
+
+@pytest.mark.parametrize("divisor", [0.0, -1.0, float("inf")])
+def test_error_relative_bias_divisor(divisor):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bucket_divisor"):
+        _rel_call(bucket_divisor=divisor)
+
+
+def test_error_relative_bias_with_attn_bias():
+    with pytest.raises(ValueError, match="cannot be combined"):
+        _rel_call(attn_bias=plane(tf.float32))
+
+
+def test_error_relative_bias_timestamps_without_weights():
+    with pytest.raises(ValueError, match="go together"):
+        _call(timestamps=rel_inputs(tf.float32)[0])
+
+
+def test_error_relative_bias_with_attn_bias_raw_op():
+    q, k, v, oq, ok = make(tf.float32, lens_k=LENS_K)
+    ts, time_w, pos_w = rel_inputs(tf.float32)
+    from recops_tf import _loader
+
+    empty = tf.zeros([0], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cannot be combined"):
+        _loader.load().recops_hstu_dense_forward(
+            q, k, v, oq, ok, empty, empty, tf.zeros([0]), plane(tf.float32), ts, time_w, pos_w,
+            max_seq_len=MAX_Q, max_seq_len_k=MAX_K, has_bias=True, has_time_bias=True,
+            has_position_bias=True)

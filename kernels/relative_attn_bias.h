@@ -1,0 +1,170 @@
+// The log time-gap buckets of HSTU's relative attention bias (spec §7), shared by the
+// relative_attn_bias ops and the relative bias fused into HSTU attention.
+#ifndef RECOPS_KERNELS_RELATIVE_ATTN_BIAS_H_
+#define RECOPS_KERNELS_RELATIVE_ATTN_BIAS_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/common/microkernels.h"
+
+namespace recops {
+
+// |x - y| of two int64 timestamps in unsigned arithmetic: exact for any pair.
+RECOPS_INLINE uint64_t TimeGap(int64_t x, int64_t y) {
+  return x >= y ? static_cast<uint64_t>(x) - static_cast<uint64_t>(y)
+                : static_cast<uint64_t>(y) - static_cast<uint64_t>(x);
+}
+
+// bucket(a) = min(floor(ln(max(a, 1)) / divisor), num_buckets - 1) for integer a >= 0, in
+// float64, without a logarithm per element: the smallest a of every bucket is found once
+// (exactly, by evaluating the formula itself around exp(k * divisor)), and a lookup by the
+// bit length of a starts within a few buckets of the answer.
+class Bucketizer {
+ public:
+  static constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+
+  Bucketizer(double divisor, int64_t num_buckets) : divisor_(divisor) {
+    first_.assign(num_buckets, 0);
+    for (int64_t k = 1; k < num_buckets; ++k) {
+      const double x = std::exp(static_cast<double>(k) * divisor);
+      if (!(x < 18446744073709551616.0)) {  // beyond every uint64 gap (>= 2^64)
+        first_[k] = kNever;
+        continue;
+      }
+      uint64_t a = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(x)));
+      while (a > 1 && Formula(a - 1) >= k) --a;
+      while (a < kNever && Formula(a) < k) ++a;
+      first_[k] = std::max(a, first_[k - 1]);
+      reachable_ = k;  // the last bucket some uint64 gap falls in
+    }
+    for (int e = 0; e < 64; ++e) {
+      const uint64_t low = uint64_t{1} << e;  // the smallest a with bit length e + 1
+      int64_t k = 0;
+      while (k < reachable_ && first_[k + 1] <= low) ++k;
+      start_[e] = k;
+    }
+  }
+
+  int32_t operator()(uint64_t a) const {
+    if (a <= 1) return 0;
+    int64_t k = start_[63 - __builtin_clzll(a)];
+    while (k < reachable_ && a >= first_[k + 1]) ++k;
+    return static_cast<int32_t>(k);
+  }
+
+  // The last bucket any uint64 gap falls in (buckets above it are never used).
+  int64_t reachable() const { return reachable_; }
+  // The smallest gap of bucket k (1 <= k <= reachable()).
+  uint64_t first(int64_t k) const { return first_[k]; }
+
+ private:
+  int64_t Formula(uint64_t a) const {
+    return static_cast<int64_t>(std::floor(std::log(static_cast<double>(a)) / divisor_));
+  }
+
+  double divisor_;
+  int64_t reachable_ = 0;
+  std::vector<uint64_t> first_;  // first_[k]: the smallest gap in bucket k (k >= 1)
+  int64_t start_[64];
+};
+
+// The same buckets by two table reads and one comparison, without loops or branches (for the
+// fused HSTU bias, which buckets every score it computes). Gaps are split into 2^m sub-bins
+// per power of two, indexed by the bit length and the m bits below the leading one; m is the
+// smallest for which no sub-bin spans more than one bucket edge (ln(1 + 2^-m) < divisor
+// suffices; m = 2 for the default 0.301). A sub-bin's bucket is then lo, or lo + 1 above its
+// one edge. Unusable (usable() false) when that needs m > kMaxBits (divisor < ~0.004): the
+// exact Bucketizer serves then.
+class BucketTable {
+ public:
+  static constexpr int kMaxBits = 8;
+
+  explicit BucketTable(const Bucketizer& exact) {
+    for (int m = 0; m <= kMaxBits && !usable_; ++m) usable_ = Build(exact, m);
+  }
+
+  bool usable() const { return usable_; }
+  int bits() const { return bits_; }
+  const int32_t* lo() const { return lo_.data(); }
+  const uint64_t* edge() const { return edge_.data(); }
+
+  RECOPS_INLINE int32_t operator()(uint64_t a) const {
+    const uint64_t a1 = a > 1 ? a : 1;
+    const int z = __builtin_clzll(a1);
+    // (a1 << z) has its leading one at bit 63; the m bits below it select the sub-bin.
+    const uint64_t index = (static_cast<uint64_t>(63 - z) << bits_) +
+                           ((a1 << z) >> (63 - bits_)) - (uint64_t{1} << bits_);
+    return lo_[index] + static_cast<int32_t>(a > edge_[index]);
+  }
+
+ private:
+  // Fills the tables for m sub-bin bits; false if a sub-bin spans two edges.
+  bool Build(const Bucketizer& exact, int m) {
+    const uint64_t per = uint64_t{1} << m;
+    lo_.assign(64 * per, 0);
+    edge_.assign(64 * per, Bucketizer::kNever);
+    bits_ = m;
+    for (int e = 0; e < 64; ++e) {
+      for (uint64_t sub = 0; sub < per; ++sub) {
+        uint64_t a_min, a_max;
+        if (e >= m) {
+          a_min = (per + sub) << (e - m);
+          a_max = a_min + ((uint64_t{1} << (e - m)) - 1);
+        } else {
+          // Sub-bins narrower than one integer: the integer (per + sub) / 2^(m - e), if any.
+          if ((per + sub) % (uint64_t{1} << (m - e)) != 0) continue;
+          a_min = a_max = (per + sub) >> (m - e);
+        }
+        const int32_t k_lo = exact(a_min), k_hi = exact(a_max);
+        if (k_hi - k_lo > 1) return false;
+        const size_t index = e * per + sub;
+        lo_[index] = k_lo;
+        if (k_hi > k_lo) edge_[index] = exact.first(k_hi) - 1;  // a > edge: bucket k_hi
+      }
+    }
+    return true;
+  }
+
+  bool usable_ = false;
+  int bits_ = 0;
+  std::vector<int32_t> lo_;
+  std::vector<uint64_t> edge_;
+};
+
+// out[c] = table(|ts[c] - ti|) for c < n, eight gaps at a time on AVX-512 (the two table reads
+// are gathers; about 5x faster than the scalar loop, which GCC does not vectorise). Call only
+// where AVX-512 F/CD/DQ/VL are available.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target("avx512f,avx512cd,avx512dq,avx512vl,avx512bw"))) inline void
+BucketRowAvx512(const BucketTable& table, const int64_t* ts, int64_t ti, int64_t n,
+                int32_t* out) {
+  const int bits = table.bits();
+  const __m512i vti = _mm512_set1_epi64(ti), one = _mm512_set1_epi64(1);
+  const __m512i top = _mm512_set1_epi64(63), vbits = _mm512_set1_epi64(bits);
+  const __m512i shift = _mm512_set1_epi64(63 - bits), per = _mm512_set1_epi64(int64_t{1} << bits);
+  const __m256i one32 = _mm256_set1_epi32(1);
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m512i t = _mm512_loadu_si512(ts + c);
+    // The unsigned gap: max - min wraps to the exact value modulo 2^64.
+    const __m512i a = _mm512_sub_epi64(_mm512_max_epi64(t, vti), _mm512_min_epi64(t, vti));
+    const __m512i a1 = _mm512_max_epu64(a, one);
+    const __m512i z = _mm512_lzcnt_epi64(a1);
+    const __m512i sub = _mm512_sub_epi64(_mm512_srlv_epi64(_mm512_sllv_epi64(a1, z), shift), per);
+    const __m512i index = _mm512_add_epi64(_mm512_sllv_epi64(_mm512_sub_epi64(top, z), vbits), sub);
+    __m256i k = _mm512_i64gather_epi32(index, table.lo(), 4);
+    const __m512i edge = _mm512_i64gather_epi64(index, table.edge(), 8);
+    k = _mm256_mask_add_epi32(k, _mm512_cmpgt_epu64_mask(a, edge), k, one32);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), k);
+  }
+  for (; c < n; ++c) out[c] = table(TimeGap(ts[c], ti));
+}
+#endif
+
+}  // namespace recops
+
+#endif  // RECOPS_KERNELS_RELATIVE_ATTN_BIAS_H_
