@@ -2,6 +2,7 @@
 import keras
 import tensorflow as tf
 
+from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
 from recops_tf.ops.hstu_dense import hstu_attention
 
 
@@ -30,11 +31,16 @@ class HSTUAttention(keras.layers.Layer):
         ``recops_tf.hstu_attention``.
       use_bias: add a bias to the projection.
       kernel_initializer, bias_initializer: of the projection.
+      relative_bias: an optional ``RelativeAttentionBias`` (same ``max_seq_len``) owned by
+        this layer and applied inside the attention kernel, tile by tile: nothing of size
+        ``S²`` is built. Its weights are this layer's.
 
     Call arguments: ``inputs``; optional ``num_context`` / ``num_target`` ``[B]`` counts;
-    optional ``attn_bias``: ``[B, max_seq_len, max_seq_len]`` shared by all heads (e.g. from
-    ``RelativeAttentionBias``) or per head ``[B, num_heads, max_seq_len, max_seq_len]``. A
-    shared bias is broadcast over the heads here, which stores ``B·N·S²`` values.
+    ``timestamps`` (int, in the inputs' layout: ragged ``[B, (L)]`` or dense ``[B, S]``) for
+    a ``relative_bias`` with a time part; optional ``attn_bias``: ``[B, max_seq_len,
+    max_seq_len]`` shared by all heads or per head ``[B, num_heads, max_seq_len,
+    max_seq_len]`` (not with ``relative_bias``). A shared bias is broadcast over the heads
+    here, which stores ``B·N·S²`` values: prefer ``relative_bias`` for HSTU's bias.
 
     Models using it must compile with ``jit_compile=False``.
     """
@@ -42,7 +48,7 @@ class HSTUAttention(keras.layers.Layer):
     def __init__(self, num_heads, head_dim, max_seq_len, value_dim=None, num_kv_heads=None,
                  alpha=1.0, silu_scale=0.0, mask_type="causal", target_group_size=0,
                  window_size=None, use_bias=True, kernel_initializer="glorot_uniform",
-                 bias_initializer="zeros", **kwargs):
+                 bias_initializer="zeros", relative_bias=None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.head_dim = int(head_dim)
@@ -62,6 +68,16 @@ class HSTUAttention(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        if isinstance(relative_bias, dict):
+            relative_bias = keras.saving.deserialize_keras_object(relative_bias)
+        if relative_bias is not None:
+            if not isinstance(relative_bias, RelativeAttentionBias):
+                raise TypeError("relative_bias must be a RelativeAttentionBias layer, got "
+                                f"{type(relative_bias).__name__}")
+            if relative_bias.max_seq_len != self.max_seq_len:
+                raise ValueError(f"relative_bias.max_seq_len ({relative_bias.max_seq_len}) "
+                                 f"must equal max_seq_len ({self.max_seq_len})")
+        self.relative_bias = relative_bias
 
     @property
     def _widths(self):
@@ -77,6 +93,8 @@ class HSTUAttention(keras.layers.Layer):
         self.bias = (self.add_weight(name="bias", shape=(sum(self._widths),),
                                      initializer=self.bias_initializer)
                      if self.use_bias else None)
+        if self.relative_bias is not None and not self.relative_bias.built:
+            self.relative_bias.build(None)
 
     def _attend(self, rows, **kwargs):
         proj = tf.matmul(rows, tf.cast(self.kernel, rows.dtype))
@@ -92,8 +110,19 @@ class HSTUAttention(keras.layers.Layer):
                              window_size=self.window_size, **kwargs)
         return tf.reshape(out, [-1, self.num_heads * self.value_dim])
 
-    def call(self, inputs, num_context=None, num_target=None, attn_bias=None):
+    def call(self, inputs, num_context=None, num_target=None, attn_bias=None, timestamps=None):
         counts = {"num_context": num_context, "num_target": num_target}
+        if self.relative_bias is not None:
+            if attn_bias is not None:
+                raise ValueError("HSTUAttention: attn_bias cannot be combined with "
+                                 "relative_bias")
+            if isinstance(timestamps, tf.RaggedTensor):
+                timestamps = timestamps.values  # the attention runs on the jagged rows
+            elif timestamps is not None:
+                timestamps = tf.reshape(timestamps, [-1])
+            counts.update(self.relative_bias.attention_kwargs(timestamps, self.compute_dtype))
+        elif timestamps is not None:
+            raise ValueError("HSTUAttention: timestamps need a relative_bias layer")
         if attn_bias is not None:
             attn_bias = tf.convert_to_tensor(attn_bias)
             if attn_bias.shape.rank == 3:
@@ -125,5 +154,7 @@ class HSTUAttention(keras.layers.Layer):
             "use_bias": self.use_bias,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "relative_bias": (None if self.relative_bias is None else
+                              keras.saving.serialize_keras_object(self.relative_bias)),
         })
         return config

@@ -98,3 +98,75 @@ def test_rejects_bad_config():
 
 def test_exported_from_the_package():
     assert recops_tf.layers.RelativeAttentionBias is RelativeAttentionBias
+
+
+def _fused_parts(**rab_kw):
+    keras.utils.set_random_seed(0)
+    rab = RelativeAttentionBias(MAX_LEN, num_buckets=16, initializer="random_normal", **rab_kw)
+    return rab, HSTUAttention(num_heads=2, head_dim=4, max_seq_len=MAX_LEN, relative_bias=rab)
+
+
+@pytest.mark.parametrize("parts", [{}, {"use_time": False}, {"use_position": False}])
+def test_fused_relative_bias_equals_the_bias_plane(parts):
+    x, ts = batch(5)
+    rab, attn = _fused_parts(**parts)
+    fused = attn(x, timestamps=ts)
+    plain = HSTUAttention(num_heads=2, head_dim=4, max_seq_len=MAX_LEN)
+    plain(x)
+    plain.set_weights(attn.get_weights()[:2])
+    assert_close(fused.values, plain(x, attn_bias=rab(ts)).values, tf.float32)
+    # Dense inputs with dense [B, S] timestamps: the same rows.
+    dense = attn(x.to_tensor(), timestamps=ts.to_tensor())
+    lengths = x.row_lengths()
+    assert_close(tf.RaggedTensor.from_tensor(dense, lengths).values, fused.values, tf.float32)
+
+
+def test_hstu_model_with_fused_relative_bias_trains():
+    x, ts = batch(2)
+    y = time_span_target(ts)
+    lengths = tf.maximum(tf.cast(x.row_lengths(), tf.float32), 1.0)[:, None]
+    rab, attn = _fused_parts()
+    head = keras.layers.Dense(1)
+
+    def loss_fn():
+        out = attn(x, timestamps=ts)
+        return tf.reduce_mean((head(tf.reduce_sum(out, axis=1) / lengths) - y) ** 2)
+
+    attn(x, timestamps=ts)  # builds the layer and its relative bias
+    before = [rab.time_weights.numpy().copy(), rab.position_weights.numpy().copy()]
+    first, last = fit_briefly(loss_fn, lambda: attn.trainable_variables + head.trainable_variables)
+    assert last < 0.5 * first, (first, last)
+    # The bias weights are the attention layer's and were trained through the fused kernel.
+    assert any(v is rab.time_weights for v in attn.trainable_variables)
+    assert np.abs(rab.time_weights.numpy() - before[0]).max() > 1e-3
+    assert np.abs(rab.position_weights.numpy() - before[1]).max() > 1e-3
+
+
+def test_fused_relative_bias_keras_file_round_trip(tmp_path):
+    x, ts = batch(6)
+    _, attn = _fused_parts()
+    inp = keras.Input(shape=(MAX_LEN, D_MODEL))
+    times = keras.Input(shape=(MAX_LEN,), dtype="int64")
+    model = keras.Model([inp, times], attn(inp, timestamps=times))
+    args = [x.to_tensor(shape=[None, MAX_LEN, D_MODEL]), ts.to_tensor(shape=[None, MAX_LEN])]
+    path = str(tmp_path / "fused_rab.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(loaded(args).numpy(), model(args).numpy())
+    rab = loaded.layers[-1].relative_bias
+    assert isinstance(rab, RelativeAttentionBias) and rab.num_buckets == 16
+
+
+def test_fused_relative_bias_rejects_misuse():
+    x, ts = batch(7)
+    rab, attn = _fused_parts()
+    with pytest.raises(ValueError, match="cannot be combined"):
+        attn(x, timestamps=ts, attn_bias=rab(ts))
+    with pytest.raises(ValueError, match="needs timestamps"):
+        attn(x)
+    with pytest.raises(ValueError, match="need a relative_bias"):
+        HSTUAttention(num_heads=2, head_dim=4, max_seq_len=MAX_LEN)(x, timestamps=ts)
+    with pytest.raises(ValueError, match="must equal max_seq_len"):
+        HSTUAttention(num_heads=2, head_dim=4, max_seq_len=MAX_LEN + 1, relative_bias=rab)
+    with pytest.raises(TypeError, match="RelativeAttentionBias"):
+        HSTUAttention(num_heads=2, head_dim=4, max_seq_len=MAX_LEN, relative_bias="zeros")
