@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -139,27 +140,33 @@ class BucketTable {
 // are gathers; about 5x faster than the scalar loop, which GCC does not vectorise). Call only
 // where AVX-512 F/CD/DQ/VL are available.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// GCC vector extensions plus the lzcnt / gather builtins with explicit pass-through operands
+// (the <immintrin.h> wrappers start from undefined registers, which GCC 12 reports as
+// maybe-uninitialised once inlined).
 __attribute__((target("avx512f,avx512cd,avx512dq,avx512vl,avx512bw"))) inline void
 BucketRowAvx512(const BucketTable& table, const int64_t* ts, int64_t ti, int64_t n,
                 int32_t* out) {
-  const int bits = table.bits();
-  const __m512i vti = _mm512_set1_epi64(ti), one = _mm512_set1_epi64(1);
-  const __m512i top = _mm512_set1_epi64(63), vbits = _mm512_set1_epi64(bits);
-  const __m512i shift = _mm512_set1_epi64(63 - bits), per = _mm512_set1_epi64(int64_t{1} << bits);
-  const __m256i one32 = _mm256_set1_epi32(1);
+  typedef long long I64 __attribute__((vector_size(64)));
+  typedef unsigned long long U64 __attribute__((vector_size(64)));
+  typedef int I32 __attribute__((vector_size(32)));
+  const uint64_t bits = static_cast<uint64_t>(table.bits());
+  const I64 zero{};
+  const I32 zero32{};
   int64_t c = 0;
   for (; c + 8 <= n; c += 8) {
-    const __m512i t = _mm512_loadu_si512(ts + c);
+    I64 t;
+    std::memcpy(&t, ts + c, sizeof(t));
     // The unsigned gap: max - min wraps to the exact value modulo 2^64.
-    const __m512i a = _mm512_sub_epi64(_mm512_max_epi64(t, vti), _mm512_min_epi64(t, vti));
-    const __m512i a1 = _mm512_max_epu64(a, one);
-    const __m512i z = _mm512_lzcnt_epi64(a1);
-    const __m512i sub = _mm512_sub_epi64(_mm512_srlv_epi64(_mm512_sllv_epi64(a1, z), shift), per);
-    const __m512i index = _mm512_add_epi64(_mm512_sllv_epi64(_mm512_sub_epi64(top, z), vbits), sub);
-    __m256i k = _mm512_i64gather_epi32(index, table.lo(), 4);
-    const __m512i edge = _mm512_i64gather_epi64(index, table.edge(), 8);
-    k = _mm256_mask_add_epi32(k, _mm512_cmpgt_epu64_mask(a, edge), k, one32);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), k);
+    const I64 hi = t > ti ? t : ti, lo = t > ti ? ti : t;
+    const U64 a = (U64)(hi - lo);
+    const U64 a1 = a > 1 ? a : 1;
+    const U64 z = (U64)__builtin_ia32_vplzcntq_512_mask((I64)a1, zero, 0xff);
+    const U64 sub = ((a1 << z) >> (63 - bits)) - (uint64_t{1} << bits);
+    const I64 index = (I64)(((63 - z) << bits) + sub);
+    I32 k = (I32)__builtin_ia32_gatherdiv16si(zero32, table.lo(), index, 0xff, 4);
+    const U64 edge = (U64)__builtin_ia32_gatherdiv8di(zero, table.edge(), index, 0xff, 8);
+    k += __builtin_convertvector(a > edge, I32) & 1;
+    std::memcpy(out + c, &k, sizeof(k));
   }
   for (; c < n; ++c) out[c] = table(TimeGap(ts[c], ti));
 }
