@@ -164,6 +164,57 @@ OPS = (
                      {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64, "rel_bias": True}),
         },
     ),
+
+    OpStem(
+        stem="ln_mul",
+        seed_ops=("ln_mul",),
+        tf_ops=("LnMul", "LnMulGrad"),
+        public=("ln_mul",),
+        gradient="LnMulGrad (dx, du, dgamma, dbeta; statistics recomputed; deterministic "
+                 "column sums; the seed has no backward); second order not implemented",
+        reference=("ln_mul",),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=(),
+        bound="memory",
+        bench={
+            "tiny": ({"rows": 64, "cols": 32},),
+            "full": ({"rows": 65536, "cols": 512},),
+        },
+    ),
+    OpStem(
+        stem="norm_multiply_dropout",
+        seed_ops=("norm_multiply_dropout", "norm_multiply_dropout_backward"),
+        tf_ops=("NormMultiplyDropout", "NormMultiplyDropoutBackward"),
+        public=("norm_multiply_dropout",),
+        gradient="NormMultiplyDropoutBackward (dx, du, dweight, dbias; the mask recomputed "
+                 "from the seed); second order not implemented",
+        reference=("norm_multiply_dropout",),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=INDEX_DTYPES,
+        bound="memory",
+        bench={
+            "tiny": ({"rows": 64, "cols": 32, "dropout_rate": 0.1},),
+            "full": ({"rows": 65536, "cols": 512, "dropout_rate": 0.0},
+                     {"rows": 65536, "cols": 512, "dropout_rate": 0.1}),
+        },
+    ),
+
+    OpStem(
+        stem="token_mixing",
+        seed_ops=("token_mixing",),
+        tf_ops=("TokenMixing", "TokenMixingGrad"),
+        public=("token_mixing",),
+        gradient="TokenMixingGrad (dx = dt + dtᵀ, dgamma, dbeta; deterministic; the seed has "
+                 "no backward); second order not implemented",
+        reference=("token_mixing",),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=(),
+        bound="memory",
+        bench={
+            "tiny": ({"batch": 3, "s": 16},),
+            "full": ({"batch": 1024, "s": 256},),
+        },
+    ),
 )
 
 BY_STEM = {row.stem: row for row in OPS}

@@ -95,12 +95,12 @@ def _run(fn, args):
 def bench_case(row, case, warmup, reps, ceilings):
     """Rows (dicts) for one case: forward, and forward+backward when differentiable."""
     results = []
-    modes = [("forward", tf.function(case.fused), tf.function(case.reference),
+    modes = [("forward", tf.function(case.fused), tf.function(case.benchmark_baseline),
               case.bytes_forward, case.flops_forward)]
     if case.diff:
         upstream = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype)
         modes.append(("forward+backward", _vjp(case.fused, case.diff, upstream),
-                      _vjp(case.reference, case.diff, upstream),
+                      _vjp(case.benchmark_baseline, case.diff, upstream),
                       case.bytes_forward + case.bytes_backward,
                       case.flops_forward + case.flops_backward))
     for mode, fused, reference, nbytes, flops in modes:

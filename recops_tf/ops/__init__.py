@@ -3,11 +3,14 @@ from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagge
 from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_paged
 from recops_tf.ops.hstu_dense_fuxi import hstu_attention_fuxi
 from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
+from recops_tf.ops.ln_mul import ln_mul
 from recops_tf.ops.multislice_concat import multislice_concat
+from recops_tf.ops.norm_multiply_dropout import norm_multiply_dropout
 from recops_tf.ops.relative_attn_bias import (relative_attn_bias_backward,
                                               relative_attn_bias_pos, relative_attn_bias_time,
                                               toeplitz_position_bias)
 from recops_tf.ops.reverse_sequence import reverse_sequence
+from recops_tf.ops.token_mixing import token_mixing
 
 __all__ = [
     "concat_jagged_tensor",
@@ -18,9 +21,12 @@ __all__ = [
     "hstu_attention_paged",
     "hstu_attention_fuxi",
     "multislice_concat",
+    "ln_mul",
+    "norm_multiply_dropout",
     "relative_attn_bias_time",
     "relative_attn_bias_backward",
     "relative_attn_bias_pos",
     "toeplitz_position_bias",
     "reverse_sequence",
+    "token_mixing",
 ]

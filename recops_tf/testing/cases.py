@@ -14,9 +14,12 @@ from recops_tf.reference import concat_jagged_tensor as ref_concat
 from recops_tf.reference import gather_for_rank1 as ref_gather
 from recops_tf.reference import hstu_dense as ref_hstu
 from recops_tf.reference import hstu_dense_fuxi as ref_fuxi
+from recops_tf.reference import ln_mul as ref_ln_mul
 from recops_tf.reference import multislice_concat as ref_multislice
+from recops_tf.reference import norm_multiply_dropout as ref_nmd
 from recops_tf.reference import relative_attn_bias as ref_rab
 from recops_tf.reference import reverse_sequence as ref_reverse
+from recops_tf.reference import token_mixing as ref_token_mixing
 from recops_tf.testing import random_values
 
 
@@ -31,6 +34,13 @@ class Case:
     bytes_backward: int  # bytes read + written by the backward
     flops_forward: int = 0
     flops_backward: int = 0
+    # The benchmark's baseline when it is not the reference (e.g. dropout: the natural stock-TF
+    # composite draws its own mask, so it cannot be the oracle of the kernel's mask).
+    baseline: Callable = None
+
+    @property
+    def benchmark_baseline(self):
+        return self.baseline if self.baseline is not None else self.reference
 
 
 def _offsets(lengths, dtype):
@@ -270,6 +280,57 @@ def relative_attn_bias(fn="time", layers=2, batch=3, steps=5, num_buckets=129,
                 bytes_forward=out + 2 * _nbytes(p), bytes_backward=2 * out + 2 * _nbytes(p))
 
 
+def _norm_mul_args(rows, cols, dtype, seed):
+    x = random_values([rows, cols], dtype, seed, low=-2.0, high=3.0)
+    return [x, random_values([rows, cols], dtype, seed + 1),
+            random_values([cols], dtype, seed + 2), random_values([cols], dtype, seed + 3)]
+
+
+def ln_mul(rows=64, cols=32, dtype=tf.float32, seed=0):
+    """LayerNorm · u over [rows, cols]: memory-bound (x, u read, y written; backward: dy, x,
+    u read, dx, du written)."""
+    a = _norm_mul_args(rows, cols, dtype, seed)
+    n = rows * cols * a[0].dtype.size
+    return Case(f"R={rows} C={cols}", recops_tf.ln_mul, ref_ln_mul.ln_mul, a, [0, 1, 2, 3],
+                bytes_forward=3 * n, bytes_backward=5 * n)
+
+
+def norm_multiply_dropout(rows=64, cols=32, dropout_rate=0.1, dtype=tf.float32, seed=0):
+    """As ln_mul, with dropout. The reference rebuilds the kernel's mask (with uint64 ops, slow);
+    the benchmark's baseline is the natural composite: LayerNorm, multiply and
+    tf.nn.experimental.stateless_dropout (its own mask)."""
+    a = _norm_mul_args(rows, cols, dtype, seed)
+    n = rows * cols * a[0].dtype.size
+    seed_pair = tf.constant([seed, 1], tf.int64)
+
+    def fused(x, u, w, b):
+        return recops_tf.norm_multiply_dropout(x, u, w, b, dropout_rate=dropout_rate,
+                                               seed=seed_pair)
+
+    def reference(x, u, w, b):
+        return ref_nmd.norm_multiply_dropout(x, u, w, b, dropout_rate=dropout_rate,
+                                             seed=seed_pair)
+
+    def composite(x, u, w, b):
+        y = ref_ln_mul.ln_mul(x, u, w, b)
+        if dropout_rate > 0.0:
+            y = tf.nn.experimental.stateless_dropout(y, dropout_rate, seed=seed_pair)
+        return y
+
+    return Case(f"R={rows} C={cols} p={dropout_rate}", fused, reference, a, [0, 1, 2, 3],
+                bytes_forward=3 * n, bytes_backward=5 * n, baseline=composite)
+
+
+def token_mixing(batch=3, s=16, dtype=tf.float32, seed=0):
+    """LayerNorm of x + xᵀ over [B, S, S] blocks (x read, y written; backward: dy, x read,
+    dx written)."""
+    a = [random_values([batch, s, s], dtype, seed), random_values([s], dtype, seed + 1),
+         random_values([s], dtype, seed + 2)]
+    n = batch * s * s * a[0].dtype.size
+    return Case(f"B={batch} S={s}", recops_tf.token_mixing, ref_token_mixing.token_mixing, a,
+                [0, 1, 2], bytes_forward=2 * n, bytes_backward=3 * n)
+
+
 BUILDERS = {
     "concat_jagged_tensor": concat_jagged_tensor,
     "gather_for_rank1": gather_for_rank1,
@@ -278,6 +339,9 @@ BUILDERS = {
     "hstu_dense": hstu_dense,
     "relative_attn_bias": relative_attn_bias,
     "hstu_dense_fuxi": hstu_dense_fuxi,
+    "ln_mul": ln_mul,
+    "norm_multiply_dropout": norm_multiply_dropout,
+    "token_mixing": token_mixing,
 }
 
 
