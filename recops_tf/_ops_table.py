@@ -215,6 +215,24 @@ OPS = (
             "full": ({"batch": 1024, "s": 256},),
         },
     ),
+
+    OpStem(
+        stem="in_linear_silu",
+        seed_ops=("in_linear_silu", "in_linear_silu_backward"),
+        tf_ops=("InLinearSilu", "InLinearSiluBackward"),
+        public=("in_linear_silu",),
+        gradient="InLinearSiluBackward (dz = dA·silu'(z) and db, one pass) then TF's matmul "
+                 "gradient (dx, dW); second order not implemented",
+        reference=("in_linear_silu",),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=(),
+        bound="compute",
+        bench={
+            "tiny": ({"m": 64, "k": 16, "split": 8},),
+            # The seed's tiling example: M = 16384 tokens, K = 512, Nw = 4 x 512.
+            "full": ({"m": 16384, "k": 512, "split": 512},),
+        },
+    ),
 )
 
 BY_STEM = {row.stem: row for row in OPS}

@@ -3,6 +3,7 @@ from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagge
 from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_paged
 from recops_tf.ops.hstu_dense_fuxi import hstu_attention_fuxi
 from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
+from recops_tf.ops.in_linear_silu import in_linear_silu
 from recops_tf.ops.ln_mul import ln_mul
 from recops_tf.ops.multislice_concat import multislice_concat
 from recops_tf.ops.norm_multiply_dropout import norm_multiply_dropout
@@ -21,6 +22,7 @@ __all__ = [
     "hstu_attention_paged",
     "hstu_attention_fuxi",
     "multislice_concat",
+    "in_linear_silu",
     "ln_mul",
     "norm_multiply_dropout",
     "relative_attn_bias_time",

@@ -14,6 +14,7 @@ from recops_tf.reference import concat_jagged_tensor as ref_concat
 from recops_tf.reference import gather_for_rank1 as ref_gather
 from recops_tf.reference import hstu_dense as ref_hstu
 from recops_tf.reference import hstu_dense_fuxi as ref_fuxi
+from recops_tf.reference import in_linear_silu as ref_in_linear_silu
 from recops_tf.reference import ln_mul as ref_ln_mul
 from recops_tf.reference import multislice_concat as ref_multislice
 from recops_tf.reference import norm_multiply_dropout as ref_nmd
@@ -331,6 +332,21 @@ def token_mixing(batch=3, s=16, dtype=tf.float32, seed=0):
                 [0, 1, 2], bytes_forward=2 * n, bytes_backward=3 * n)
 
 
+def in_linear_silu(m=64, k=16, split=8, dtype=tf.float32, seed=0):
+    """The UVQK projection with four equal splits (Nw = 4 * split): "rate" counts the GEMM
+    FLOPs (2·M·K·Nw forward, twice that backward)."""
+    sizes = [split] * 4
+    nw = 4 * split
+    a = [random_values([m, k], dtype, seed), random_values([nw, k], dtype, seed + 1),
+         random_values([nw], dtype, seed + 2)]
+    flops = 2 * m * k * nw
+    return Case(f"M={m} K={k} Nw={nw}",
+                lambda x, w, b: recops_tf.in_linear_silu(x, w, b, sizes),
+                lambda x, w, b: ref_in_linear_silu.in_linear_silu(x, w, b, sizes), a, [0, 1, 2],
+                bytes_forward=0, bytes_backward=0, flops_forward=flops,
+                flops_backward=2 * flops)
+
+
 BUILDERS = {
     "concat_jagged_tensor": concat_jagged_tensor,
     "gather_for_rank1": gather_for_rank1,
@@ -342,6 +358,7 @@ BUILDERS = {
     "ln_mul": ln_mul,
     "norm_multiply_dropout": norm_multiply_dropout,
     "token_mixing": token_mixing,
+    "in_linear_silu": in_linear_silu,
 }
 
 
