@@ -26,3 +26,16 @@ def test_cli_runs_one_stem(tmp_path, capsys):
     rows = json.loads(path.read_text())["rows"]
     assert {r["stem"] for r in rows} == {"reverse_sequence"}
     assert "reverse_sequence" in capsys.readouterr().out
+
+
+def test_layer_benchmark_runs_on_a_tiny_block(capsys):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools", "bench_layers.py")
+    spec = importlib.util.spec_from_file_location("bench_layers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--batch", "2", "--max-len", "8", "--d-model", "8", "--heads", "2",
+                        "--warmup", "0", "--reps", "1"]) == 0
+    assert "HSTUBlock B=2" in capsys.readouterr().out

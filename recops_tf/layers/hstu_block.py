@@ -1,0 +1,197 @@
+"""Keras layer: a whole HSTU layer (Zhai et al., "Actions Speak Louder than Words") on ragged
+sequences, from the fused ops."""
+import keras
+import tensorflow as tf
+
+from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
+from recops_tf.ops.hstu_dense import hstu_attention
+from recops_tf.ops.in_linear_silu import in_linear_silu
+from recops_tf.ops.norm_multiply_dropout import norm_multiply_dropout
+from recops_tf.reference import hstu_dense as ref_hstu
+from recops_tf.reference import in_linear_silu as ref_in_linear_silu
+from recops_tf.reference import ln_mul as ref_ln_mul
+
+
+@keras.saving.register_keras_serializable(package="recops_tf")
+class HSTUBlock(keras.layers.Layer):
+    """One HSTU layer with its residual, on ``[B, (L), d_model]`` ragged (or dense) sequences.
+
+    Per token row x (of every sequence, jagged: no padding):
+
+    * ``U, V, Q, K = split(silu(LayerNorm(x) · W_uvqk + b_uvqk))`` (``in_linear_silu``);
+    * ``A = hstu_attention(Q, K, V)`` per sequence (causal by default, SiLU attention, optional
+      relative bias fused in the kernel);
+    * ``Y = dropout(LayerNorm(A) · w + b) * U)`` (``norm_multiply_dropout``, stateless seeded
+      mask, a new one every training step);
+    * ``out = x + Y · W_o + b_o``.
+
+    ``use_fused=False`` builds the same block from stock TF ops (the padded attention
+    composite, matmul + SiLU + split, LayerNorm · U, ``tf.nn.experimental.stateless_dropout``),
+    with the same weights: the parity oracle and the speed baseline. The input LayerNorm and
+    the output projection are stock Keras/TF in both.
+
+    Args:
+      num_heads, head_dim: attention heads and their q/k size.
+      max_seq_len: the longest sequence (``hstu_attention``'s ``max_seq_len``).
+      value_dim: per-head size of U and V (default ``head_dim``).
+      dropout_rate: of ``norm_multiply_dropout`` (training only).
+      alpha, silu_scale, mask_type, target_group_size: as in ``hstu_attention``.
+      relative_bias: an optional ``RelativeAttentionBias`` (pluggable; its weights become this
+        layer's; then call with ``timestamps``).
+      epsilon: of both LayerNorms.
+      use_fused: the fused ops (default) or the stock-TF composite.
+      seed: base seed of the dropout masks.
+      kernel_initializer: of the two projections.
+
+    Call arguments: ``inputs``; ``timestamps`` (for a relative bias with a time part);
+    ``num_targets`` ``[B]`` (causal mask's target block; ``target_group_size``);
+    ``training``.
+
+    Models using it must compile with ``jit_compile=False``.
+    """
+
+    def __init__(self, num_heads, head_dim, max_seq_len, value_dim=None, dropout_rate=0.0,
+                 alpha=1.0, silu_scale=0.0, mask_type="causal", target_group_size=0,
+                 relative_bias=None, epsilon=1e-5, use_fused=True, seed=0,
+                 kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.head_dim = int(head_dim)
+        self.max_seq_len = int(max_seq_len)
+        self.value_dim = int(value_dim or head_dim)
+        self.dropout_rate = float(dropout_rate)
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"dropout_rate must lie in [0, 1), got {dropout_rate}")
+        self.alpha = float(alpha)
+        self.silu_scale = float(silu_scale)
+        if mask_type not in ("causal", "none"):
+            raise ValueError("HSTUBlock supports mask_type 'causal' or 'none'")
+        self.mask_type = mask_type
+        self.target_group_size = int(target_group_size)
+        self.epsilon = float(epsilon)
+        self.use_fused = bool(use_fused)
+        self.seed = int(seed)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        if isinstance(relative_bias, dict):
+            relative_bias = keras.saving.deserialize_keras_object(relative_bias)
+        if relative_bias is not None:
+            if not isinstance(relative_bias, RelativeAttentionBias):
+                raise TypeError("relative_bias must be a RelativeAttentionBias layer, got "
+                                f"{type(relative_bias).__name__}")
+            if relative_bias.max_seq_len != self.max_seq_len:
+                raise ValueError(f"relative_bias.max_seq_len ({relative_bias.max_seq_len}) "
+                                 f"must equal max_seq_len ({self.max_seq_len})")
+        self.relative_bias = relative_bias
+        self.input_norm = keras.layers.LayerNormalization(epsilon=self.epsilon,
+                                                          name="input_norm")
+
+    @property
+    def _splits(self):
+        hv, hq = self.num_heads * self.value_dim, self.num_heads * self.head_dim
+        return [hv, hv, hq, hq]
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        if d_model is None:
+            raise ValueError("HSTUBlock needs a known last input dimension")
+        self.input_norm.build(tuple(input_shape[:-1]) + (d_model,))
+        nw, hv = sum(self._splits), self.num_heads * self.value_dim
+        self.uvqk_kernel = self.add_weight(name="uvqk_kernel", shape=(d_model, nw),
+                                           initializer=self.kernel_initializer)
+        self.uvqk_bias = self.add_weight(name="uvqk_bias", shape=(nw,), initializer="zeros")
+        self.norm_weight = self.add_weight(name="norm_weight", shape=(hv,), initializer="ones")
+        self.norm_bias = self.add_weight(name="norm_bias", shape=(hv,), initializer="zeros")
+        self.out_kernel = self.add_weight(name="out_kernel", shape=(hv, d_model),
+                                          initializer=self.kernel_initializer)
+        self.out_bias = self.add_weight(name="out_bias", shape=(d_model,), initializer="zeros")
+        self.step = self.add_weight(name="dropout_step", shape=(), dtype="int64",
+                                    initializer="zeros", trainable=False)
+        if self.relative_bias is not None and not self.relative_bias.built:
+            self.relative_bias.build(None)
+
+    def _block(self, rows, splits, timestamps, num_targets, training):
+        dtype = rows.dtype
+        cast = lambda w: tf.cast(w, dtype)  # noqa: E731
+        normed = self.input_norm(rows)
+        n, dq, dv = self.num_heads, self.head_dim, self.value_dim
+        rate = self.dropout_rate if training else 0.0
+        seed = tf.stack([tf.constant(self.seed, tf.int64), tf.identity(self.step)])
+        attn_kw = dict(seq_offsets=splits, max_seq_len=self.max_seq_len, alpha=self.alpha,
+                       silu_scale=self.silu_scale, mask_type=self.mask_type)
+        if num_targets is not None:
+            attn_kw.update(num_target=num_targets, target_group_size=self.target_group_size)
+        if self.use_fused:
+            u, v, q, k = in_linear_silu(normed, cast(self.uvqk_kernel), cast(self.uvqk_bias),
+                                        self._splits, weight_layout="kn")
+            if self.relative_bias is not None:
+                if isinstance(timestamps, tf.RaggedTensor):
+                    timestamps = timestamps.values
+                elif timestamps is not None:
+                    timestamps = tf.reshape(timestamps, [-1])
+                attn_kw.update(self.relative_bias.attention_kwargs(timestamps, dtype))
+            attn = hstu_attention(tf.reshape(q, [-1, n, dq]), tf.reshape(k, [-1, n, dq]),
+                                  tf.reshape(v, [-1, n, dv]), **attn_kw)
+            y = norm_multiply_dropout(tf.reshape(attn, [-1, n * dv]), u, cast(self.norm_weight),
+                                      cast(self.norm_bias), epsilon=self.epsilon,
+                                      dropout_rate=rate, seed=seed)
+        else:
+            u, v, q, k = ref_in_linear_silu.in_linear_silu(
+                normed, cast(self.uvqk_kernel), cast(self.uvqk_bias), self._splits,
+                weight_layout="kn")
+            ref_kw = {key: attn_kw[key] for key in ("alpha", "silu_scale", "mask_type")}
+            if num_targets is not None:
+                ref_kw.update(num_target=num_targets, target_group_size=self.target_group_size)
+            if self.relative_bias is not None:
+                if isinstance(timestamps, tf.RaggedTensor):
+                    timestamps = timestamps.values
+                elif timestamps is not None:
+                    timestamps = tf.reshape(timestamps, [-1])
+                rel = self.relative_bias.attention_kwargs(timestamps, dtype)
+                ref_kw.update(timestamps=rel.get("timestamps"),
+                              time_bias_weights=rel.get("time_bias_weights"),
+                              position_bias_weights=rel.get("position_bias_weights"),
+                              bucket_divisor=rel["bucket_divisor"])
+            attn = ref_hstu.hstu_attention(
+                tf.reshape(q, [-1, n, dq]), tf.reshape(k, [-1, n, dq]),
+                tf.reshape(v, [-1, n, dv]), splits, splits, self.max_seq_len,
+                self.max_seq_len, **ref_kw)
+            y = ref_ln_mul.ln_mul(tf.reshape(attn, [-1, n * dv]), u, cast(self.norm_weight),
+                                  cast(self.norm_bias), self.epsilon)
+            if rate > 0.0:
+                y = tf.nn.experimental.stateless_dropout(y, rate, seed=seed)
+        if training and self.dropout_rate > 0.0:
+            self.step.assign_add(1)
+        return rows + tf.matmul(y, cast(self.out_kernel)) + cast(self.out_bias)
+
+    def call(self, inputs, timestamps=None, num_targets=None, training=None):
+        training = bool(training)
+        if self.relative_bias is None and timestamps is not None:
+            raise ValueError("HSTUBlock: timestamps need a relative_bias layer")
+        if isinstance(inputs, tf.RaggedTensor):
+            out = self._block(inputs.values, inputs.row_splits, timestamps, num_targets,
+                              training)
+            return inputs.with_values(out)
+        inputs = tf.convert_to_tensor(inputs)
+        shape = tf.shape(inputs, out_type=tf.int64)
+        splits = tf.range(shape[0] + 1) * shape[1]
+        out = self._block(tf.reshape(inputs, [-1, inputs.shape[-1]]), splits, timestamps,
+                          num_targets, training)
+        return tf.reshape(out, tf.shape(inputs))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "num_heads": self.num_heads, "head_dim": self.head_dim,
+            "max_seq_len": self.max_seq_len, "value_dim": self.value_dim,
+            "dropout_rate": self.dropout_rate, "alpha": self.alpha,
+            "silu_scale": self.silu_scale, "mask_type": self.mask_type,
+            "target_group_size": self.target_group_size, "epsilon": self.epsilon,
+            "use_fused": self.use_fused, "seed": self.seed,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "relative_bias": (None if self.relative_bias is None else
+                              keras.saving.serialize_keras_object(self.relative_bias)),
+        })
+        return config
