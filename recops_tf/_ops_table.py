@@ -233,6 +233,23 @@ OPS = (
             "full": ({"m": 16384, "k": 512, "split": 512},),
         },
     ),
+
+    OpStem(
+        stem="disentangle_attention",
+        seed_ops=("disentangle_attention",),
+        tf_ops=("DisentangleAttention", "DisentangleAttentionGrad"),
+        public=("disentangle_attention",),
+        gradient="DisentangleAttentionGrad (query, key, value, pos_key, pos_query; through all "
+                 "three outputs; the seed has no backward); second order not implemented",
+        reference=("disentangle_attention",),
+        dtypes=FLOAT_DTYPES,
+        index_dtypes=("int64",),
+        bound="compute",
+        bench={
+            "tiny": ({"batch": 2, "heads": 2, "s": 16, "d": 8},),
+            "full": ({"batch": 8, "heads": 8, "s": 256, "d": 64},),
+        },
+    ),
 )
 
 BY_STEM = {row.stem: row for row in OPS}

@@ -2,6 +2,7 @@
 from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagged_tensor
 from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_paged
 from recops_tf.ops.hstu_dense_fuxi import hstu_attention_fuxi
+from recops_tf.ops.disentangle_attention import disentangle_attention
 from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
 from recops_tf.ops.in_linear_silu import in_linear_silu
 from recops_tf.ops.ln_mul import ln_mul
@@ -22,6 +23,7 @@ __all__ = [
     "hstu_attention_paged",
     "hstu_attention_fuxi",
     "multislice_concat",
+    "disentangle_attention",
     "in_linear_silu",
     "ln_mul",
     "norm_multiply_dropout",

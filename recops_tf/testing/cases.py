@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import recops_tf
 from recops_tf.reference import concat_jagged_tensor as ref_concat
+from recops_tf.reference import disentangle_attention as ref_disentangle
 from recops_tf.reference import gather_for_rank1 as ref_gather
 from recops_tf.reference import hstu_dense as ref_hstu
 from recops_tf.reference import hstu_dense_fuxi as ref_fuxi
@@ -347,6 +348,21 @@ def in_linear_silu(m=64, k=16, split=8, dtype=tf.float32, seed=0):
                 flops_backward=2 * flops)
 
 
+def disentangle_attention(batch=2, heads=2, s=16, d=8, dtype=tf.float32, seed=0):
+    """c2p|p2c disentangled attention with relative positions i - j and no mask; "rate" counts
+    the five s x s x d (or s x 2s x d) GEMMs of the forward and twice that backward."""
+    rel = tf.constant(np.arange(s)[:, None] - np.arange(s)[None, :], tf.int64)
+    a = ([random_values([batch, heads, s, d], dtype, seed + i) for i in range(3)]
+         + [random_values([2 * s, heads, d], dtype, seed + 3 + i) for i in range(2)])
+    flops = 2 * batch * heads * s * d * (s + 2 * s + 2 * s + s)
+    return Case(f"b={batch} n={heads} s={s} d={d}",
+                lambda q, k, v, pk, pq: recops_tf.disentangle_attention(q, k, v, pk, pq, rel),
+                lambda q, k, v, pk, pq: ref_disentangle.disentangle_attention(q, k, v, pk, pq,
+                                                                              rel),
+                a, [0, 1, 2, 3, 4], bytes_forward=0, bytes_backward=0, flops_forward=flops,
+                flops_backward=2 * flops)
+
+
 BUILDERS = {
     "concat_jagged_tensor": concat_jagged_tensor,
     "gather_for_rank1": gather_for_rank1,
@@ -359,6 +375,7 @@ BUILDERS = {
     "norm_multiply_dropout": norm_multiply_dropout,
     "token_mixing": token_mixing,
     "in_linear_silu": in_linear_silu,
+    "disentangle_attention": disentangle_attention,
 }
 
 
