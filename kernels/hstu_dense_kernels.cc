@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/dispatch.h"
 #include "kernels/common/dtypes.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
@@ -27,7 +28,9 @@ using tensorflow::TensorShape;
 
 namespace {
 
-// The work items compiled for AVX-512, AVX2 + FMA and baseline x86-64, one set per dtype; the best the CPU supports is picked once at run time.
+// The work items compiled for AVX-512, AVX2 + FMA and baseline x86-64, one set per dtype; the
+// best the CPU supports (BestIsa) is picked once at run time. Entry points rather than
+// RECOPS_WITH_ISA: the items are called many times per op, through one function pointer.
 template <typename T>
 struct HstuEntries {
   using Acc = AccumT<T>;
@@ -60,18 +63,17 @@ struct HstuEntries {
   RECOPS_HSTU_SET(T, Acc, TAG##Base, , Isa::kBase)                                                     \
   const HstuEntries<T>& Entries(const T*) {                                                   \
     static const HstuEntries<T> entries = [] {                                                \
-      __builtin_cpu_init();                                                                   \
-      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&          \
-          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {         \
-        return HstuEntries<T>{TAG##Avx512Forward, TAG##Avx512BackwardKv, TAG##Avx512BackwardQ,     \
-                                TAG##Avx512BackwardSeq}; \
+      switch (BestIsa()) {                                                                    \
+        case Isa::kAvx512:                                                                    \
+          return HstuEntries<T>{TAG##Avx512Forward, TAG##Avx512BackwardKv,                    \
+                                TAG##Avx512BackwardQ, TAG##Avx512BackwardSeq};                \
+        case Isa::kAvx2:                                                                      \
+          return HstuEntries<T>{TAG##Avx2Forward, TAG##Avx2BackwardKv, TAG##Avx2BackwardQ,    \
+                                TAG##Avx2BackwardSeq};                                        \
+        default:                                                                              \
+          return HstuEntries<T>{TAG##BaseForward, TAG##BaseBackwardKv, TAG##BaseBackwardQ,    \
+                                TAG##BaseBackwardSeq};                                        \
       }                                                                                       \
-      if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {                  \
-        return HstuEntries<T>{TAG##Avx2Forward, TAG##Avx2BackwardKv, TAG##Avx2BackwardQ,     \
-                                TAG##Avx2BackwardSeq};     \
-      }                                                                                       \
-      return HstuEntries<T>{TAG##BaseForward, TAG##BaseBackwardKv, TAG##BaseBackwardQ,     \
-                                TAG##BaseBackwardSeq};       \
     }();                                                                                      \
     return entries;                                                                           \
   }

@@ -2,6 +2,7 @@
 // for x [B, S, S], and its gradient dx = dt + dtᵀ (dt: the gradient through the LayerNorm).
 // Work is per batch element; its S x S block stays in cache while it is read by rows and by
 // columns.
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,10 +33,27 @@ struct TokenMixingProblem {
   std::vector<Acc> gamma, beta;
 };
 
-// Row i of x + xᵀ for batch block xb [S, S].
+// xt = xbᵀ as Acc for a [S, S] block, in 16 x 16 tiles (the strided side stays within a few
+// cache lines per tile; reading a column straight through the block strides 4 * S bytes per
+// element and ran at ~40% of the copy ceiling).
 template <typename T, typename Acc>
-RECOPS_INLINE void MixedRow(const T* __restrict xb, int64_t s, int64_t i, Acc* __restrict t) {
-  for (int64_t c = 0; c < s; ++c) t[c] = ToAcc<T, Acc>(xb[i * s + c]) + ToAcc<T, Acc>(xb[c * s + i]);
+RECOPS_INLINE void TransposeBlock(const T* __restrict xb, int64_t s, Acc* __restrict xt) {
+  constexpr int64_t kT = 16;
+  for (int64_t i0 = 0; i0 < s; i0 += kT) {
+    for (int64_t j0 = 0; j0 < s; j0 += kT) {
+      const int64_t i1 = std::min(i0 + kT, s), j1 = std::min(j0 + kT, s);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = j0; j < j1; ++j) xt[j * s + i] = ToAcc<T, Acc>(xb[i * s + j]);
+      }
+    }
+  }
+}
+
+// Row i of x + xᵀ from the block and its transpose.
+template <typename T, typename Acc>
+RECOPS_INLINE void MixedRow(const T* __restrict xb, const Acc* __restrict xt, int64_t s,
+                            int64_t i, Acc* __restrict t) {
+  for (int64_t c = 0; c < s; ++c) t[c] = ToAcc<T, Acc>(xb[i * s + c]) + xt[i * s + c];
 }
 
 // out = xc * rstd * gamma + beta.
@@ -45,39 +63,40 @@ RECOPS_INLINE void AffineRow(const Acc* __restrict xc, Acc rstd, const Acc* __re
   for (int64_t c = 0; c < n; ++c) out[c] = FromAcc<T, Acc>(xc[c] * rstd * gamma[c] + beta[c]);
 }
 
-// Forward rows [r0, r1) of the flattened [B * S] rows (buf: 2 * S scratch).
+// Forward of batch element b (buf: S * S + 2 * S scratch).
 template <typename T, typename Acc>
-RECOPS_INLINE void TokenMixingRows(const TokenMixingProblem<Acc>& p, const T* x, int64_t r0,
-                                   int64_t r1, Acc* buf, T* y) {
+RECOPS_INLINE void TokenMixingBatch(const TokenMixingProblem<Acc>& p, const T* xb, Acc* buf,
+                                    T* yb) {
   const int64_t s = p.s;
-  Acc *t = buf, *tc = t + s;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t b = r / s, i = r % s;
-    MixedRow<T, Acc>(x + b * s * s, s, i, t);
+  Acc *xt = buf, *t = xt + s * s, *tc = t + s;
+  TransposeBlock<T, Acc>(xb, s, xt);
+  for (int64_t i = 0; i < s; ++i) {
+    MixedRow<T, Acc>(xb, xt, s, i, t);
     const RowMoments<Acc> m = Moments<Acc>(t, s, p.epsilon, tc);
-    AffineRow<T, Acc>(tc, m.rstd, p.gamma.data(), p.beta.data(), s, y + r * s);
+    AffineRow<T, Acc>(tc, m.rstd, p.gamma.data(), p.beta.data(), s, yb + i * s);
   }
 }
 
 // Gradient of batch element b: dt through the LayerNorm row by row (dgamma / dbeta added to
-// the partials), then dx = dt + dtᵀ (buf: S * S + 5 * S scratch).
+// the partials), then dx = dt + dtᵀ (buf: 3 * S * S + 4 * S scratch).
 template <typename T, typename Acc>
 RECOPS_INLINE void TokenMixingGradBatch(const TokenMixingProblem<Acc>& p, const T* xb,
                                         const T* dyb, Acc* buf, Acc* dgamma, Acc* dbeta,
                                         T* dxb) {
   const int64_t s = p.s;
-  Acc *dt = buf, *t = dt + s * s, *xhat = t + s, *g = xhat + s, *tmp = g + s;
+  Acc *dt = buf, *xt = dt + s * s, *dtt = xt + s * s, *t = dtt + s * s;
+  Acc *xhat = t + s, *g = xhat + s, *tmp = g + s;
+  TransposeBlock<T, Acc>(xb, s, xt);
   for (int64_t i = 0; i < s; ++i) {
-    MixedRow<T, Acc>(xb, s, i, t);
+    MixedRow<T, Acc>(xb, xt, s, i, t);
     const RowMoments<Acc> m = Moments<Acc>(t, s, p.epsilon, xhat);
     Normalize<Acc>(t, m, s, xhat);
     const Acc* gi = RowAsAcc<T, Acc>(dyb + i * s, s, g);
     LayerNormBackwardRow<Acc>(xhat, gi, p.gamma.data(), m.rstd, s, tmp, dgamma, dbeta,
                               dt + i * s);
   }
-  for (int64_t i = 0; i < s; ++i) {
-    for (int64_t c = 0; c < s; ++c) dxb[i * s + c] = FromAcc<T, Acc>(dt[i * s + c] + dt[c * s + i]);
-  }
+  TransposeBlock<Acc, Acc>(dt, s, dtt);
+  for (int64_t e = 0; e < s * s; ++e) dxb[e] = FromAcc<T, Acc>(dt[e] + dtt[e]);
 }
 
 // Inputs (after dy for the gradient): x, gamma, beta.
@@ -145,10 +164,13 @@ class TokenMixingOp : public TokenMixingBase<T> {
     const int64_t s = p.s;
     const T* xp = x.flat<T>().data();
     T* yp = y->flat<T>().data();
-    ParallelFor(ctx, p.batch * s, 3 * s * static_cast<int64_t>(sizeof(T)) + 16 * s,
-                [&](int64_t r0, int64_t r1) {
-      std::vector<Acc> buf(2 * s);
-      RECOPS_WITH_ISA((TokenMixingRows<T, Acc>(p, xp, r0, r1, buf.data(), yp)));
+    ParallelFor(ctx, p.batch, s * (3 * s * static_cast<int64_t>(sizeof(T)) + 24 * s),
+                [&](int64_t b0, int64_t b1) {
+      std::vector<Acc> buf(s * s + 2 * s);
+      for (int64_t b = b0; b < b1; ++b) {
+        RECOPS_WITH_ISA((TokenMixingBatch<T, Acc>(p, xp + b * s * s, buf.data(),
+                                                  yp + b * s * s)));
+      }
     });
   }
 };
@@ -182,7 +204,7 @@ class TokenMixingGradOp : public TokenMixingBase<T> {
     ParallelFor(ctx, partials.chunks(),
                 per_chunk * s * (4 * s * static_cast<int64_t>(sizeof(T)) + 32 * s),
                 [&](int64_t k0, int64_t k1) {
-      std::vector<Acc> buf(s * s + 5 * s);
+      std::vector<Acc> buf(3 * s * s + 4 * s);
       for (int64_t k = k0; k < k1; ++k) {
         Acc* dgamma_k = partials.Partial(k, 0);
         Acc* dbeta_k = partials.Partial(k, 1);
