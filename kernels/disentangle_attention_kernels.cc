@@ -56,17 +56,10 @@ RECOPS_INLINE void Matmul(int64_t m, int64_t n, int64_t k, const Acc* a, const A
   }
 }
 
-// Rows r0.. of head h of x [.., rows, d] (contiguous [rows, d] per (b, h)) as Acc, and the
-// transpose [d, rows].
+// A contiguous [rows, d] slice (one (b, h) of x [b, n, rows, d]) as Acc.
 template <typename T, typename Acc>
 void Load(const T* src, int64_t rows, int64_t d, Acc* dst) {
   for (int64_t i = 0; i < rows * d; ++i) dst[i] = ToAcc<T, Acc>(src[i]);
-}
-template <typename Acc>
-void Transpose(const Acc* src, int64_t rows, int64_t cols, Acc* dst) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
-  }
 }
 // Head h of a position table [2s, n, d] as Acc [2s, d].
 template <typename T, typename Acc>
@@ -145,14 +138,14 @@ void LoadItem(const DisentangleProblem& p, const T* q, const T* k, const T* v, c
   Load<T, Acc>(q + off, s, d, sc.q.data());
   Load<T, Acc>(k + off, s, d, sc.k.data());
   Load<T, Acc>(v + off, s, d, sc.v.data());
-  Transpose<Acc>(sc.k.data(), s, d, sc.kt.data());
+  TransposeTiles<Acc, Acc>(sc.k.data(), s, d, sc.kt.data());
   if (p.c2p) {
     LoadPositions<T, Acc>(pk, 2 * s, p.heads, h, d, sc.pk.data());
-    Transpose<Acc>(sc.pk.data(), 2 * s, d, sc.pkt.data());
+    TransposeTiles<Acc, Acc>(sc.pk.data(), 2 * s, d, sc.pkt.data());
   }
   if (p.p2c) {
     LoadPositions<T, Acc>(pq, 2 * s, p.heads, h, d, sc.pq.data());
-    Transpose<Acc>(sc.pq.data(), 2 * s, d, sc.pqt.data());
+    TransposeTiles<Acc, Acc>(sc.pq.data(), 2 * s, d, sc.pqt.data());
   }
 }
 
@@ -311,7 +304,7 @@ class DisentangleAttentionGradOp : public DisentangleBase {
       // dO [s, d] into buf3; dP = dO·Vᵀ + d_probs into buf1 (via Vᵀ in buf2).
       Acc* d_o = sc.buf3.data();
       Load<T, Acc>(dout + item * s * d, s, d, d_o);
-      Transpose<Acc>(sc.v.data(), s, d, sc.buf2.data());
+      TransposeTiles<Acc, Acc>(sc.v.data(), s, d, sc.buf2.data());
       RECOPS_WITH_ISA((Matmul<Acc, I>(s, s, d, d_o, sc.buf2.data(), sc.buf1.data())));
       // dV = Pᵀ·dO.
       sc.dq.resize(s * d);

@@ -19,10 +19,7 @@ template <typename T>
 class LnMulBase : public OpKernel {
  public:
   explicit LnMulBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    float epsilon = 0.0f;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon));
-    OP_REQUIRES_OK(ctx, CheckEpsilon(epsilon));
-    epsilon_ = epsilon;
+    OP_REQUIRES_OK(ctx, ReadEpsilon(ctx, &epsilon_));
   }
 
  protected:

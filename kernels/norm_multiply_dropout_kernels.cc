@@ -26,10 +26,7 @@ template <typename T>
 class NormMulDropoutBase : public OpKernel {
  public:
   explicit NormMulDropoutBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    float epsilon = 0.0f;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon));
-    OP_REQUIRES_OK(ctx, CheckEpsilon(epsilon));
-    epsilon_ = epsilon;
+    OP_REQUIRES_OK(ctx, ReadEpsilon(ctx, &epsilon_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dropout_rate", &rate_));
     OP_REQUIRES(ctx, rate_ >= 0.0f && rate_ < 1.0f,
                 absl::InvalidArgumentError(

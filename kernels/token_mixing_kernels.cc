@@ -33,22 +33,6 @@ struct TokenMixingProblem {
   std::vector<Acc> gamma, beta;
 };
 
-// xt = xbᵀ as Acc for a [S, S] block, in 16 x 16 tiles (the strided side stays within a few
-// cache lines per tile; reading a column straight through the block strides 4 * S bytes per
-// element and ran at ~40% of the copy ceiling).
-template <typename T, typename Acc>
-RECOPS_INLINE void TransposeBlock(const T* __restrict xb, int64_t s, Acc* __restrict xt) {
-  constexpr int64_t kT = 16;
-  for (int64_t i0 = 0; i0 < s; i0 += kT) {
-    for (int64_t j0 = 0; j0 < s; j0 += kT) {
-      const int64_t i1 = std::min(i0 + kT, s), j1 = std::min(j0 + kT, s);
-      for (int64_t i = i0; i < i1; ++i) {
-        for (int64_t j = j0; j < j1; ++j) xt[j * s + i] = ToAcc<T, Acc>(xb[i * s + j]);
-      }
-    }
-  }
-}
-
 // Row i of x + xᵀ from the block and its transpose.
 template <typename T, typename Acc>
 RECOPS_INLINE void MixedRow(const T* __restrict xb, const Acc* __restrict xt, int64_t s,
@@ -69,7 +53,7 @@ RECOPS_INLINE void TokenMixingBatch(const TokenMixingProblem<Acc>& p, const T* x
                                     T* yb) {
   const int64_t s = p.s;
   Acc *xt = buf, *t = xt + s * s, *tc = t + s;
-  TransposeBlock<T, Acc>(xb, s, xt);
+  TransposeTiles<T, Acc>(xb, s, s, xt);
   for (int64_t i = 0; i < s; ++i) {
     MixedRow<T, Acc>(xb, xt, s, i, t);
     const RowMoments<Acc> m = Moments<Acc>(t, s, p.epsilon, tc);
@@ -86,7 +70,7 @@ RECOPS_INLINE void TokenMixingGradBatch(const TokenMixingProblem<Acc>& p, const 
   const int64_t s = p.s;
   Acc *dt = buf, *xt = dt + s * s, *dtt = xt + s * s, *t = dtt + s * s;
   Acc *xhat = t + s, *g = xhat + s, *tmp = g + s;
-  TransposeBlock<T, Acc>(xb, s, xt);
+  TransposeTiles<T, Acc>(xb, s, s, xt);
   for (int64_t i = 0; i < s; ++i) {
     MixedRow<T, Acc>(xb, xt, s, i, t);
     const RowMoments<Acc> m = Moments<Acc>(t, s, p.epsilon, xhat);
@@ -95,7 +79,7 @@ RECOPS_INLINE void TokenMixingGradBatch(const TokenMixingProblem<Acc>& p, const 
     LayerNormBackwardRow<Acc>(xhat, gi, p.gamma.data(), m.rstd, s, tmp, dgamma, dbeta,
                               dt + i * s);
   }
-  TransposeBlock<Acc, Acc>(dt, s, dtt);
+  TransposeTiles<Acc, Acc>(dt, s, s, dtt);
   for (int64_t e = 0; e < s * s; ++e) dxb[e] = FromAcc<T, Acc>(dt[e] + dtt[e]);
 }
 
@@ -104,10 +88,7 @@ template <typename T>
 class TokenMixingBase : public OpKernel {
  public:
   explicit TokenMixingBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    float epsilon = 0.0f;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon));
-    OP_REQUIRES_OK(ctx, CheckEpsilon(epsilon));
-    epsilon_ = epsilon;
+    OP_REQUIRES_OK(ctx, ReadEpsilon(ctx, &epsilon_));
   }
 
  protected:

@@ -24,6 +24,8 @@
 #define RECOPS_MULTIVERSION
 #endif
 
+#include "kernels/common/dtypes.h"
+
 namespace recops {
 
 template <typename Acc>
@@ -121,6 +123,23 @@ RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_
       Acc c = kOverwrite ? Acc(0) : C[i * ldc + n0];
       for (int64_t k = 0; k < K; ++k) c += A(i, k) * B[k * ldb + n0];
       C[i * ldc + n0] = c;
+    }
+  }
+}
+
+// dst [cols, rows] = srcᵀ for a row-major src [rows, cols], converted to Acc, in 16 x 16 tiles
+// (the strided side then stays within a few cache lines per tile; transposing straight
+// through a 256 x 256 block strides 1 KB per element).
+template <typename T, typename Acc>
+RECOPS_INLINE void TransposeTiles(const T* __restrict src, int64_t rows, int64_t cols,
+                                  Acc* __restrict dst) {
+  constexpr int64_t kT = 16;
+  for (int64_t i0 = 0; i0 < rows; i0 += kT) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kT) {
+      const int64_t i1 = i0 + kT < rows ? i0 + kT : rows, j1 = j0 + kT < cols ? j0 + kT : cols;
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = j0; j < j1; ++j) dst[j * rows + i] = ToAcc<T, Acc>(src[i * cols + j]);
+      }
     }
   }
 }

@@ -1,6 +1,7 @@
 #include "kernels/common/norm_mul.h"
 
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace recops {
@@ -35,7 +36,10 @@ absl::Status CheckNormMulInputs(const tensorflow::Tensor& x, const tensorflow::T
   return absl::OkStatus();
 }
 
-absl::Status CheckEpsilon(float epsilon) {
+absl::Status ReadEpsilon(tensorflow::OpKernelConstruction* ctx, float* epsilon_out) {
+  float epsilon = 0.0f;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("epsilon", &epsilon));
+  *epsilon_out = epsilon;
   if (!(epsilon > 0.0f) || !std::isfinite(epsilon)) {
     return absl::InvalidArgumentError(
         absl::StrCat("epsilon must be a positive finite number, got ", epsilon));

@@ -17,6 +17,7 @@
 #include "kernels/common/parallel.h"
 
 namespace tensorflow {
+class OpKernelConstruction;
 class Tensor;
 }  // namespace tensorflow
 
@@ -28,8 +29,8 @@ absl::Status CheckNormMulInputs(const tensorflow::Tensor& x, const tensorflow::T
                                 const char* gamma_name, const char* beta_name, int64_t* rows,
                                 int64_t* cols);
 
-// epsilon must be positive and finite.
-absl::Status CheckEpsilon(float epsilon);
+// The "epsilon" attribute of a LayerNorm-family kernel: positive and finite.
+absl::Status ReadEpsilon(tensorflow::OpKernelConstruction* ctx, float* epsilon);
 
 template <typename T>
 struct NormMulArgs {

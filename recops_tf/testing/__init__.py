@@ -163,6 +163,23 @@ def assert_numeric_gradient(fn, args, diff, kwargs=None, max_error=1e-7):
         assert err <= max_error, f"numeric gradient error {err} > {max_error}"
 
 
+def assert_second_order_raises(fn, args, wrt=0):
+    """The gradient of fn's gradient w.r.t. args[wrt] raises NotImplementedError (the
+    backward ops are not themselves differentiable)."""
+    import pytest  # local: only tests call this
+
+    x = args[wrt]
+    with pytest.raises(NotImplementedError, match="second-order"):
+        with tf.GradientTape() as outer:
+            outer.watch(x)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                loss = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32))
+                                 for o in tf.nest.flatten(fn(*args))])
+            g = inner.gradient(loss, x)
+        outer.gradient(g, x)
+
+
 MODES = ("eager", "function")
 
 

@@ -6,8 +6,8 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.reference import disentangle_attention as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
-                               assert_matches_reference, assert_numeric_gradient, in_mode,
-                               random_values)
+                               assert_matches_reference, assert_numeric_gradient,
+                               assert_second_order_raises, in_mode, random_values)
 
 B, N, S, D = 2, 3, 7, 5
 
@@ -116,3 +116,8 @@ def test_error_rank():
                                         tf.zeros([2, 3, 4]), tf.zeros([6, 3, 4]),
                                         tf.zeros([6, 3, 4]), tf.zeros([3, 3], tf.int64),
                                         score_scale=1.0)
+
+
+def test_second_order_gradient_raises():
+    assert_second_order_raises(call(recops_tf.disentangle_attention, relative()),
+                               args(tf.float32))

@@ -7,7 +7,8 @@ import recops_tf
 from recops_tf.reference import in_linear_silu as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close,
                                assert_gradients_match_reference, assert_matches_reference,
-                               assert_numeric_gradient, in_mode, random_values)
+                               assert_numeric_gradient, assert_second_order_raises,
+                               in_mode, random_values)
 
 SIZES = [10, 0, 70, 33]  # any sizes: an empty split, none a multiple of 16
 
@@ -116,3 +117,7 @@ def test_error_raw_op_xw_rank():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"must be \[M, Nw\]"):
         _loader.load().recops_in_linear_silu(tf.zeros([2, 3, 4]), tf.zeros([4]),
                                              split_sizes=[1, 1, 1, 1])
+
+
+def test_second_order_gradient_raises():
+    assert_second_order_raises(fused(), args(tf.float32))

@@ -7,7 +7,8 @@ import recops_tf
 from recops_tf.reference import norm_multiply_dropout as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close,
                                assert_gradients_match_reference, assert_matches_reference,
-                               assert_numeric_gradient, in_mode, random_values)
+                               assert_numeric_gradient, assert_second_order_raises,
+                               in_mode, random_values)
 
 SEED = tf.constant([1234, 7], tf.int64)
 
@@ -140,3 +141,7 @@ def test_error_dropout_rate(rate):
 def test_error_epsilon(epsilon):
     with pytest.raises(tf.errors.InvalidArgumentError, match="epsilon"):
         fused(0.1, epsilon=epsilon)(*args(tf.float32))
+
+
+def test_second_order_gradient_raises():
+    assert_second_order_raises(fused(0.2), args(tf.float32))
