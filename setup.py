@@ -64,12 +64,26 @@ class TFBuildExt(build_ext):
         jobs = int(os.environ.get("RECOPS_BUILD_JOBS", str(max(1, min(os.cpu_count() or 1, 2)))))
         build_temp = os.path.join(self.build_temp, "recops")
 
+        # Objects newer than their source, every header and the flags are reused (an
+        # incremental rebuild compiles only what changed; a clean checkout compiles all).
+        os.makedirs(build_temp, exist_ok=True)
+        stamp_path = os.path.join(build_temp, "flags.json")
+        stamp = json.dumps(self._compile_flags)
+        fresh_flags = os.path.exists(stamp_path) and open(stamp_path).read() == stamp
+        newest_header = max([os.path.getmtime(h) for h in _headers()] + [0])
+
         def compile_one(src):
+            obj = self.compiler.object_filenames([src], output_dir=build_temp)[0]
+            if (fresh_flags and os.path.exists(obj) and
+                    os.path.getmtime(obj) > max(os.path.getmtime(src), newest_header)):
+                return obj
             return self.compiler.compile([src], output_dir=build_temp,
                                          extra_postargs=self._compile_flags)[0]
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             objects = list(pool.map(compile_one, ext.sources))
+        with open(stamp_path, "w") as f:
+            f.write(stamp)
         self.compiler.link_shared_object(objects, out_path, extra_postargs=self._link_flags)
         info = {"tf_version": self._tf_version, "python": sys.version.split()[0]}
         info_dirs = {os.path.dirname(out_path)}
