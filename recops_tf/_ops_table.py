@@ -25,6 +25,9 @@ class OpStem:
     # Benchmark shapes by size ("tiny" runs in the test suite, "full" is the real benchmark);
     # the keys are the arguments of the stem's case builder in recops_tf.testing.cases.
     bench: Mapping[str, Tuple[Mapping[str, object], ...]]
+    # Stateful stems (a table resource, in-place optimizer steps): their cases compare state
+    # after one step, and they have no forward+backward benchmark.
+    stateful: bool = False
 
 
 OPS = (
@@ -249,6 +252,69 @@ OPS = (
             "tiny": ({"batch": 2, "heads": 2, "s": 16, "d": 8},),
             "full": ({"batch": 8, "heads": 8, "s": 256, "d": 64},),
         },
+    ),
+    OpStem(
+        stem="embedding_by_address",
+        seed_ops=("cust_op_by_addr",),
+        tf_ops=("DynamicEmbeddingTable", "DynamicEmbeddingLookupAddresses",
+                "DynamicEmbeddingTableSize", "DynamicEmbeddingTableExport",
+                "DynamicEmbeddingTableImport", "EmbeddingLookupByAddress",
+                "EmbeddingUpdateByAddress"),
+        public=("embedding_lookup_by_address", "embedding_update_by_address", "embedding_lookup"),
+        gradient="lookup: an IndexedSlices of the upstream rows keyed by address, w.r.t. the "
+                 "table; the table ops and the update: none",
+        reference=("embedding_lookup_by_address", "embedding_update_by_address",
+                   "embedding_lookup"),
+        dtypes=("float32",),
+        index_dtypes=("int64",),
+        bound="memory",
+        bench={
+            "tiny": ({"fn": "lookup", "table_rows": 100, "num_lookup": 64, "dim": 8},
+                     {"fn": "update", "table_rows": 100, "num_lookup": 64, "dim": 8}),
+            "full": ({"fn": "lookup", "table_rows": 1_000_000, "num_lookup": 65536, "dim": 64},
+                     {"fn": "update", "table_rows": 1_000_000, "num_lookup": 65536, "dim": 64}),
+        },
+        stateful=True,
+    ),
+    OpStem(
+        stem="fused_lazy_adam",
+        seed_ops=("fused_lazy_adam",),
+        tf_ops=("LazyAdam", "LazyAdamByAddress"),
+        public=("lazy_adam_update",),
+        gradient="none (an optimizer step)",
+        reference=("lazy_adam_update",),
+        dtypes=("float32",),
+        index_dtypes=INDEX_DTYPES,
+        bound="memory",
+        bench={
+            "tiny": ({"target": "variable", "table_rows": 100, "touched": 64, "dim": 8},
+                     {"target": "table", "table_rows": 100, "touched": 64, "dim": 8}),
+            "full": ({"target": "variable", "table_rows": 1_000_000, "touched": 16384,
+                      "dim": 64},
+                     {"target": "variable", "table_rows": 1_000_000, "touched": 16384,
+                      "dim": 64, "baseline": "keras_adam"},
+                     {"target": "table", "table_rows": 1_000_000, "touched": 16384, "dim": 64}),
+        },
+        stateful=True,
+    ),
+    OpStem(
+        stem="fused_sgd",
+        seed_ops=("fused_sgd",),
+        tf_ops=("Sgd", "SgdByAddress"),
+        public=("sgd_update",),
+        gradient="none (an optimizer step)",
+        reference=("sgd_update",),
+        dtypes=("float32",),
+        index_dtypes=INDEX_DTYPES,
+        bound="memory",
+        bench={
+            "tiny": ({"target": "variable", "table_rows": 100, "touched": 64, "dim": 8},
+                     {"target": "table", "table_rows": 100, "touched": 64, "dim": 8}),
+            "full": ({"target": "variable", "table_rows": 1_000_000, "touched": 16384,
+                      "dim": 64},
+                     {"target": "table", "table_rows": 1_000_000, "touched": 16384, "dim": 64}),
+        },
+        stateful=True,
     ),
 )
 

@@ -95,7 +95,8 @@ def _run(fn, args):
 def bench_case(row, case, warmup, reps, ceilings):
     """Rows (dicts) for one case: forward, and forward+backward when differentiable."""
     results = []
-    modes = [("forward", tf.function(case.fused), tf.function(case.benchmark_baseline),
+    # A stateful stem's case is one step (a lookup or update of the table, an optimizer step).
+    modes = [("step" if row.stateful else "forward", tf.function(case.fused), tf.function(case.benchmark_baseline),
               case.bytes_forward, case.flops_forward)]
     if case.diff:
         upstream = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype)

@@ -11,8 +11,8 @@ def test_tiny_benchmark_covers_every_stem(tmp_path):
     assert all(v > 0 for v in report["ceilings"].values())
     seen = {(r["stem"], r["mode"]) for r in report["rows"]}
     for row in _ops_table.OPS:
-        assert (row.stem, "forward") in seen
-        assert (row.stem, "forward+backward") in seen
+        assert (row.stem, "step" if row.stateful else "forward") in seen
+        assert ((row.stem, "forward+backward") in seen) == (not row.stateful)
     for r in report["rows"]:
         assert r["fused_ms"] > 0 and r["reference_ms"] > 0 and r["rate"] > 0
     table = bench.format_table(report)

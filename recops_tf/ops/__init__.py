@@ -3,6 +3,11 @@ from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagge
 from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_paged
 from recops_tf.ops.hstu_dense_fuxi import hstu_attention_fuxi
 from recops_tf.ops.disentangle_attention import disentangle_attention
+from recops_tf.ops.embedding_by_address import (DynamicEmbeddingTable, embedding_lookup,
+                                                embedding_lookup_by_address,
+                                                embedding_update_by_address)
+from recops_tf.ops.fused_lazy_adam import lazy_adam_update
+from recops_tf.ops.fused_sgd import sgd_update
 from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
 from recops_tf.ops.in_linear_silu import in_linear_silu
 from recops_tf.ops.ln_mul import ln_mul
@@ -33,4 +38,10 @@ __all__ = [
     "toeplitz_position_bias",
     "reverse_sequence",
     "token_mixing",
+    "DynamicEmbeddingTable",
+    "embedding_lookup",
+    "embedding_lookup_by_address",
+    "embedding_update_by_address",
+    "lazy_adam_update",
+    "sgd_update",
 ]

@@ -10,8 +10,12 @@ import numpy as np
 import tensorflow as tf
 
 import recops_tf
+from recops_tf.ops._common import lib
 from recops_tf.reference import concat_jagged_tensor as ref_concat
 from recops_tf.reference import disentangle_attention as ref_disentangle
+from recops_tf.reference import embedding_by_address as ref_by_address
+from recops_tf.reference import fused_lazy_adam as ref_lazy_adam
+from recops_tf.reference import fused_sgd as ref_sgd
 from recops_tf.reference import gather_for_rank1 as ref_gather
 from recops_tf.reference import hstu_dense as ref_hstu
 from recops_tf.reference import hstu_dense_fuxi as ref_fuxi
@@ -39,6 +43,12 @@ class Case:
     # The benchmark's baseline when it is not the reference (e.g. dropout: the natural stock-TF
     # composite draws its own mask, so it cannot be the oracle of the kernel's mask).
     baseline: Callable = None
+    # Stateful stems (tables, optimizer steps): `state()` returns (fused state, reference state),
+    # lists of tensors to compare after fused and reference ran once each (None: compare the
+    # outputs); `auxiliary` is a no-argument function using the stem's remaining ops (the
+    # smoke test traces and runs it).
+    state: Callable = None
+    auxiliary: Callable = None
 
     @property
     def benchmark_baseline(self):
@@ -363,6 +373,155 @@ def disentangle_attention(batch=2, heads=2, s=16, d=8, dtype=tf.float32, seed=0)
                 flops_backward=2 * flops)
 
 
+def zipf_ids(rng, count, num_rows, a=1.2):
+    """Row ids with a Zipf(a) popularity (many duplicates), spread over [0, num_rows)."""
+    ranks = rng.zipf(a, size=count) - 1
+    return (ranks * 2654435761 % num_rows).astype(np.int64)
+
+
+def _mirrored_table(rng, num_rows, dim, num_slots):
+    """A table whose key k is row k (so row ids index a dense mirror), full rows random."""
+    table = recops_tf.DynamicEmbeddingTable(dim, initializer="zeros", num_slots=num_slots)
+    rows = rng.standard_normal((num_rows, table.width)).astype(np.float32)
+    if num_slots >= 2:  # v >= 0
+        rows[:, 2 * dim:3 * dim] = np.abs(rows[:, 2 * dim:3 * dim])
+    table.assign(np.arange(num_rows), rows)
+    return table, rows
+
+
+def _table_auxiliary(table):
+    """Uses the table ops not in the timed case: create, lookup/insert, size, export, import."""
+    def auxiliary():
+        fresh = table._create_resource()
+        addresses = lib().recops_dynamic_embedding_lookup_addresses(
+            fresh, tf.constant([5, 6, 5], tf.int64), True)
+        keys, rows = table.export()
+        table.assign(keys, rows)
+        tf.debugging.assert_equal(table.size(), tf.size(keys, out_type=tf.int64))
+        tf.debugging.assert_equal(addresses[0], addresses[2])
+    return auxiliary
+
+
+def embedding_by_address(fn="lookup", table_rows=100, num_lookup=64, dim=8, dtype=tf.float32,
+                         index_dtype=None, seed=0):
+    """fn "lookup": by-address lookup of num_lookup uniform rows (some address 0) against
+    tf.gather on a variable holding the same rows; fn "update": by-address add against a
+    variable's scatter_add."""
+    rng = np.random.default_rng(seed)
+    table, rows = _mirrored_table(rng, table_rows, dim, 0)
+    ids = rng.integers(0, table_rows, size=num_lookup)
+    addresses = table.lookup_addresses(ids, training=False)
+    ids = tf.constant(ids)
+    var = tf.Variable(rows)
+    label = f"{fn} V={table_rows} N={num_lookup} D={dim}"
+    if fn == "lookup":
+        return Case(label, lambda a, i: recops_tf.embedding_lookup_by_address(table, a),
+                    lambda a, i: ref_by_address.embedding_lookup(var, i), [addresses, ids], [],
+                    num_lookup * (8 + 2 * 4 * dim), 0, auxiliary=_table_auxiliary(table))
+    values = tf.constant(rng.standard_normal((num_lookup, dim)), tf.float32)
+
+    def reference(a, i, x):
+        var.scatter_add(tf.IndexedSlices(x, i))
+        return x
+
+    return Case(label, lambda a, i, x: recops_tf.embedding_update_by_address(table, a, x),
+                reference,
+                [addresses, ids, values], [], num_lookup * (8 + 3 * 4 * dim), 0,
+                state=lambda: ([table.export()[1]], [var]))
+
+
+def _step(fn):
+    """fn run for its effect: the case callable returns nothing (an op is not a tf.function
+    output), and a tf.function still runs it (stateful ops always run)."""
+    def run(*args):
+        fn(*args)
+
+    return run
+
+
+def _touched_bytes(ids, dim, arrays):
+    unique = len(np.unique(ids))
+    return len(ids) * (8 + 4 * dim) + unique * arrays * 2 * 4 * dim
+
+
+def fused_lazy_adam(target="variable", table_rows=100, touched=64, dim=8, baseline="composite",
+                    dtype=tf.float32, index_dtype=tf.int64, seed=0):
+    """One LazyAdam step of `touched` Zipf rows (duplicates) of a [table_rows, dim] variable
+    (or, target "table", of a growing table by address) against the TF-Addons-style composite
+    on copies; baseline "keras_adam" times Keras 3's stock Adam on the same IndexedSlices."""
+    rng = np.random.default_rng(seed)
+    ids = zipf_ids(rng, touched, table_rows)
+    gradient = tf.constant(rng.standard_normal((touched, dim)), tf.float32)
+    init = [rng.standard_normal((table_rows, dim)).astype(np.float32),
+            rng.standard_normal((table_rows, dim)).astype(np.float32) * 0.1,
+            rng.random((table_rows, dim)).astype(np.float32)]
+    ref_vars = [tf.Variable(x) for x in init]
+    lr = 0.01
+    label = f"{target} V={table_rows} N={touched} D={dim}"
+
+    def reference(g, i):
+        return ref_lazy_adam.lazy_adam_update(*ref_vars, g, i, lr)
+
+    nbytes = _touched_bytes(ids, dim, 3)
+    if target == "table":
+        table = recops_tf.DynamicEmbeddingTable(dim, initializer="zeros", num_slots=2)
+        table.assign(np.arange(table_rows), np.concatenate(init, axis=1))
+        addresses = table.lookup_addresses(ids, training=False)
+
+        def table_state():
+            rows = table.export()[1]
+            return [rows[:, :dim], rows[:, dim:2 * dim], rows[:, 2 * dim:]], ref_vars
+
+        return Case(label, _step(lambda a, i: recops_tf.lazy_adam_update(table, None, None,
+                                                                         gradient, a, lr)),
+                    _step(lambda a, i: reference(gradient, i)), [addresses, tf.constant(ids)], [],
+                    nbytes, 0, state=table_state)
+    fused_vars = [tf.Variable(x) for x in init]
+    case = Case(label, _step(lambda g, i: recops_tf.lazy_adam_update(*fused_vars, g, i, lr)),
+                _step(reference), [gradient, tf.constant(ids, index_dtype)], [], nbytes, 0,
+                state=lambda: (fused_vars, ref_vars))
+    if baseline == "keras_adam":
+        import keras
+
+        keras_var = tf.Variable(init[0])
+        adam = keras.optimizers.Adam(lr)
+        adam.build([keras_var])
+        case.label += " vs Keras Adam"
+        case.baseline = _step(lambda g, i: adam.apply([tf.IndexedSlices(g, i)], [keras_var]))
+    return case
+
+
+def fused_sgd(target="variable", table_rows=100, touched=64, dim=8, weight_decay=0.01,
+              dtype=tf.float32, index_dtype=tf.int64, seed=0):
+    """One SGD step (weight decay) of `touched` Zipf rows of a variable (or a table by
+    address) against the scatter_add composite on a copy."""
+    rng = np.random.default_rng(seed)
+    ids = zipf_ids(rng, touched, table_rows)
+    gradient = tf.constant(rng.standard_normal((touched, dim)), tf.float32)
+    init = rng.standard_normal((table_rows, dim)).astype(np.float32)
+    ref_var = tf.Variable(init)
+    lr = 0.1
+    label = f"{target} V={table_rows} N={touched} D={dim} wd={weight_decay}"
+
+    def reference(g, i):
+        return ref_sgd.sgd_update(ref_var, g, i, lr, weight_decay)
+
+    nbytes = _touched_bytes(ids, dim, 1)
+    if target == "table":
+        table = recops_tf.DynamicEmbeddingTable(dim, initializer="zeros")
+        table.assign(np.arange(table_rows), init)
+        addresses = table.lookup_addresses(ids, training=False)
+        return Case(label, _step(lambda a, i: recops_tf.sgd_update(table, gradient, a, lr,
+                                                                   weight_decay)),
+                    _step(lambda a, i: reference(gradient, i)), [addresses, tf.constant(ids)], [],
+                    nbytes, 0, state=lambda: ([table.export()[1]], [ref_var]))
+    fused_var = tf.Variable(init)
+    return Case(label, _step(lambda g, i: recops_tf.sgd_update(fused_var, g, i, lr,
+                                                               weight_decay)),
+                _step(reference), [gradient, tf.constant(ids, index_dtype)], [], nbytes, 0,
+                state=lambda: ([fused_var], [ref_var]))
+
+
 BUILDERS = {
     "concat_jagged_tensor": concat_jagged_tensor,
     "gather_for_rank1": gather_for_rank1,
@@ -376,6 +535,9 @@ BUILDERS = {
     "token_mixing": token_mixing,
     "in_linear_silu": in_linear_silu,
     "disentangle_attention": disentangle_attention,
+    "embedding_by_address": embedding_by_address,
+    "fused_lazy_adam": fused_lazy_adam,
+    "fused_sgd": fused_sgd,
 }
 
 

@@ -24,11 +24,34 @@ def _fwd_bwd(case, upstream):
     return fwd_bwd
 
 
+def _run_stateful(row, case):
+    """One traced fused step and one reference step, then their states (or outputs) compared;
+    returns the library ops the traced functions used."""
+    concrete = tf.function(case.fused).get_concrete_function(*case.args)
+    out = concrete(*case.args)
+    expected = case.reference(*case.args)
+    if case.state is None:
+        assert_close(out, expected, tf.float32, what=row.stem)
+    else:
+        for fused, reference in zip(*case.state()):
+            assert_close(tf.convert_to_tensor(fused), tf.convert_to_tensor(reference),
+                         tf.float32, what=f"{row.stem} state")
+    seen = _ops_in(concrete)
+    if case.auxiliary is not None:
+        auxiliary = tf.function(case.auxiliary).get_concrete_function()
+        auxiliary()
+        seen |= _ops_in(auxiliary)
+    return seen
+
+
 def run_all():
     seen = set()
     for row in _ops_table.OPS:
         for shape in row.bench["tiny"]:
             case = cases.build(row.stem, shape)
+            if row.stateful:
+                seen |= _run_stateful(row, case)
+                continue
             assert_matches_reference(case.fused, case.reference, case.args, tf.float32)
             assert_gradients_match_reference(case.fused, case.reference, case.args, case.diff,
                                              tf.float32)

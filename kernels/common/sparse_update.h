@@ -1,0 +1,60 @@
+// Shared pieces of the sparse (row-wise) update kernels: fused_lazy_adam, fused_sgd and the
+// by-address update of embedding_by_address.
+#ifndef RECOPS_KERNELS_COMMON_SPARSE_UPDATE_H_
+#define RECOPS_KERNELS_COMMON_SPARSE_UPDATE_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/platform/refcount.h"
+
+namespace tensorflow {
+class OpKernelContext;
+class Tensor;
+}  // namespace tensorflow
+
+namespace recops {
+
+// Calls fn(row, first, next) once for every distinct row >= 0 of rows[0, n) (negative rows are
+// skipped); the occurrences of the row are i = first, next[i], next[next[i]], ... in ascending
+// order, ending at -1. Rows are split among tasks by a hash of the row, so fn never runs for
+// the same row twice at once, and what fn computes does not depend on the thread count.
+// cost_per_row: work of one call of fn (bytes touched is a fair proxy).
+void ForEachDistinctRow(
+    tensorflow::OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t cost_per_row,
+    const std::function<void(int64_t row, int64_t first, const int64_t* next)>& fn);
+
+// Reads `indices` (int32 or int64, shape [N] or [N, 1]) into rows: negative entries become -1
+// (skipped), entries >= num_rows are an InvalidArgument naming the first one.
+absl::Status ReadRowIndices(const tensorflow::Tensor& indices, int64_t n, int64_t num_rows,
+                            std::vector<int64_t>* rows);
+
+// Checks the scalar float32 learning rate and the [N, dim] float32 gradient of an optimizer op.
+absl::Status CheckStepInputs(const tensorflow::Tensor& lr, const tensorflow::Tensor& gradient,
+                             int64_t dim, float* lr_value);
+
+// The float32 resource variables of an optimizer op (inputs 0..count-1), locked exclusively
+// (in address order, so ops locking the same variables cannot deadlock) for the lifetime of
+// this object, each checked initialised, float32 and of the first one's shape, and each made
+// safe to update in place: copy-on-read mode as TF's sparse-apply ops set it, and a private
+// copy of the buffer when a reader still holds the old one.
+class LockedVariables {
+ public:
+  LockedVariables(tensorflow::OpKernelContext* ctx, int count, const char* const* names);
+  ~LockedVariables();
+  const absl::Status& status() const { return status_; }
+  float* data(int i);
+  const tensorflow::Tensor& tensor(int i);
+
+ private:
+  std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> vars_;
+  std::vector<tensorflow::Var*> order_;
+  absl::Status status_;
+};
+
+}  // namespace recops
+
+#endif  // RECOPS_KERNELS_COMMON_SPARSE_UPDATE_H_

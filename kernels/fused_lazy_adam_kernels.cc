@@ -1,0 +1,153 @@
+// Kernels of stem fused_lazy_adam: LazyAdam on resource variables and by address.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/dynamic_table.h"
+#include "kernels/common/microkernels.h"
+#include "kernels/common/sparse_update.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace recops {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+
+namespace {
+
+struct AdamParams {
+  float lr, beta1, beta2, epsilon;
+};
+
+// One Adam step on a row (the seed's math: v stored as |v|, epsilon outside the sqrt),
+// compiled for AVX-512, AVX2 and baseline x86-64.
+RECOPS_MULTIVERSION void AdamRow(const float* g, int64_t dim, const AdamParams& p, float* var,
+                                 float* m, float* v) {
+  const float one_minus_b1 = 1.0f - p.beta1, one_minus_b2 = 1.0f - p.beta2;
+  for (int64_t c = 0; c < dim; ++c) {
+    const float m_new = p.beta1 * m[c] + one_minus_b1 * g[c];
+    const float v_new = std::fabs(p.beta2 * v[c] + one_minus_b2 * g[c] * g[c]);
+    m[c] = m_new;
+    v[c] = v_new;
+    var[c] -= p.lr * m_new / (std::sqrt(v_new) + p.epsilon);
+  }
+}
+
+// The gradient of a row: g itself when the row occurs once, else the sum of its occurrences in
+// order (in `scratch`).
+const float* RowGradient(const float* gradient, int64_t dim, int64_t first, const int64_t* next,
+                         std::vector<float>* scratch) {
+  if (next[first] < 0) return gradient + first * dim;
+  scratch->assign(gradient + first * dim, gradient + (first + 1) * dim);
+  for (int64_t i = next[first]; i >= 0; i = next[i]) {
+    const float* g = gradient + i * dim;
+    for (int64_t c = 0; c < dim; ++c) (*scratch)[c] += g[c];
+  }
+  return scratch->data();
+}
+
+class AdamOpBase : public OpKernel {
+ public:
+  explicit AdamOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &params_.beta1));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &params_.beta2));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &params_.epsilon));
+    OP_REQUIRES(ctx, params_.beta1 >= 0 && params_.beta1 < 1,
+                absl::InvalidArgumentError(
+                    absl::StrCat("beta1 must be in [0, 1), got ", params_.beta1)));
+    OP_REQUIRES(ctx, params_.beta2 >= 0 && params_.beta2 < 1,
+                absl::InvalidArgumentError(
+                    absl::StrCat("beta2 must be in [0, 1), got ", params_.beta2)));
+    OP_REQUIRES(ctx, params_.epsilon > 0 && std::isfinite(params_.epsilon),
+                absl::InvalidArgumentError(
+                    absl::StrCat("epsilon must be positive and finite, got ", params_.epsilon)));
+  }
+
+ protected:
+  // Applies the step to the distinct rows; row_ptr(r) is the [var | m | v] pointers of row r.
+  template <typename RowPointers>
+  void Apply(OpKernelContext* ctx, float lr, const Tensor& gradient,
+             const std::vector<int64_t>& rows, const RowPointers& row_ptr) {
+    AdamParams p = params_;
+    p.lr = lr;
+    const int64_t dim = gradient.dim_size(1);
+    const float* g = gradient.flat<float>().data();
+    ForEachDistinctRow(ctx, rows.data(), static_cast<int64_t>(rows.size()), 28 * dim,
+                       [&](int64_t row, int64_t first, const int64_t* next) {
+                         thread_local std::vector<float> scratch;
+                         float *var, *m, *v;
+                         row_ptr(row, &var, &m, &v);
+                         AdamRow(RowGradient(g, dim, first, next, &scratch), dim, p, var, m, v);
+                       });
+  }
+
+  AdamParams params_;
+};
+
+class LazyAdamOp : public AdamOpBase {
+ public:
+  using AdamOpBase::AdamOpBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    static const char* const kNames[] = {"var", "m", "v"};
+    LockedVariables vars(ctx, 3, kNames);
+    OP_REQUIRES_OK(ctx, vars.status());
+    const int64_t num_rows = vars.tensor(0).dim_size(0), dim = vars.tensor(0).dim_size(1);
+    const Tensor& gradient = ctx->input(4);
+    float lr;
+    OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(3), gradient, dim, &lr));
+    std::vector<int64_t> rows;
+    OP_REQUIRES_OK(ctx, ReadRowIndices(ctx->input(5), gradient.dim_size(0), num_rows, &rows));
+    float *var = vars.data(0), *m = vars.data(1), *v = vars.data(2);
+    Apply(ctx, lr, gradient, rows, [&](int64_t r, float** pv, float** pm, float** pvv) {
+      *pv = var + r * dim;
+      *pm = m + r * dim;
+      *pvv = v + r * dim;
+    });
+  }
+};
+
+class LazyAdamByAddressOp : public AdamOpBase {
+ public:
+  using AdamOpBase::AdamOpBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<DynamicTable> table;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
+    OP_REQUIRES(ctx, table->config().num_slots >= 2,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "LazyAdam keeps m and v in the table's slots: the table needs num_slots "
+                    ">= 2, it has ",
+                    table->config().num_slots)));
+    const int64_t dim = table->dim();
+    const Tensor& gradient = ctx->input(2);
+    const Tensor& address = ctx->input(3);
+    float lr;
+    OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(1), gradient, dim, &lr));
+    OP_REQUIRES(ctx, address.dims() == 1 && address.dim_size(0) == gradient.dim_size(0),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "address must be a vector of gradient's ", gradient.dim_size(0),
+                    " rows, got shape ", address.shape().DebugString())));
+    absl::MutexLock lock(table->mu());
+    std::vector<int64_t> rows;
+    OP_REQUIRES_OK(ctx, table->DecodeAddresses(ctx, address.flat<int64_t>().data(),
+                                               address.dim_size(0), "address", &rows));
+    Apply(ctx, lr, gradient, rows, [&](int64_t r, float** pv, float** pm, float** pvv) {
+      *pv = table->Row(r);
+      *pm = *pv + dim;
+      *pvv = *pv + 2 * dim;
+    });
+  }
+};
+
+}  // namespace
+
+REGISTER_KERNEL_BUILDER(Name("Recops>LazyAdam").Device(tensorflow::DEVICE_CPU), LazyAdamOp);
+REGISTER_KERNEL_BUILDER(Name("Recops>LazyAdamByAddress").Device(tensorflow::DEVICE_CPU),
+                        LazyAdamByAddressOp);
+
+}  // namespace recops
