@@ -50,6 +50,9 @@ class TFBuildExt(build_ext):
         self._compile_flags = compile_flags + [
             "-O3", "-g0", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-psabi",
             "-fvisibility-inlines-hidden", f"-I{ROOT}",
+            # No kernel reads errno: sqrt and friends may vectorise (the fused LazyAdam step
+            # is 2-3x faster for it).
+            "-fno-math-errno",
         ]
         self._link_flags = tf.sysconfig.get_link_flags()
         self.compiler.compiler_so = ["g++"] + [

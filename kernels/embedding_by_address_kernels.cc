@@ -1,5 +1,6 @@
 // Kernels of stem embedding_by_address: the growing table resource and by-address lookup and
 // update.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -175,8 +176,15 @@ class EmbeddingLookupByAddressOp : public OpKernel {
     float* y = out->flat<float>().data();
     const int64_t bytes = dim_ * static_cast<int64_t>(sizeof(float));
     const bool stream = n * bytes >= kStreamingOutputBytes;
+    constexpr int64_t kAhead = 8;  // rows in flight
     ParallelFor(ctx, n, 2 * bytes, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < std::min(end, begin + kAhead); ++i) {
+        if (rows[i] >= 0) PrefetchBytes(table->Row(rows[i]), bytes, false);
+      }
       for (int64_t i = begin; i < end; ++i) {
+        if (i + kAhead < end && rows[i + kAhead] >= 0) {
+          PrefetchBytes(table->Row(rows[i + kAhead]), bytes, false);
+        }
         char* dst = reinterpret_cast<char*>(y + i * dim_);
         if (rows[i] < 0) {
           std::memset(dst, 0, bytes);
@@ -220,21 +228,26 @@ class EmbeddingUpdateByAddressOp : public OpKernel {
     std::vector<int64_t> rows;
     OP_REQUIRES_OK(ctx, table->DecodeAddresses(ctx, address.flat<int64_t>().data(), n,
                                                "address", &rows));
-    const bool assign = update_type_ == 1;
-    ForEachDistinctRow(ctx, rows.data(), n, 12 * dim,
-                       [&](int64_t row, int64_t first, const int64_t* next) {
-                         float* dst = table->Row(row);
-                         if (assign) {
-                           int64_t last = first;
-                           while (next[last] >= 0) last = next[last];
-                           std::memcpy(dst, e + last * dim, dim * sizeof(float));
-                           return;
-                         }
-                         for (int64_t i = first; i >= 0; i = next[i]) {
-                           const float* src = e + i * dim;
-                           for (int64_t c = 0; c < dim; ++c) dst[c] += src[c];
-                         }
-                       });
+    const int64_t bytes = dim * static_cast<int64_t>(sizeof(float));
+    const auto prefetch = [&](int64_t row) { PrefetchBytes(table->Row(row), bytes, true); };
+    if (update_type_ == 1) {  // assign: the last occurrence wins
+      ForEachDistinctRow(
+          ctx, rows.data(), n, 8 * dim,
+          [&](int64_t row, int64_t first, const int64_t* next) {
+            int64_t last = first;
+            while (next[last] >= 0) last = next[last];
+            std::memcpy(table->Row(row), e + last * dim, bytes);
+          },
+          prefetch);
+    } else {  // add: the row gets the sum of its occurrences' values
+      ForEachDistinctRowSum(
+          ctx, rows.data(), n, e, dim, 8 * dim,
+          [&](int64_t row, const float* sum, int64_t) {
+            float* __restrict dst = table->Row(row);
+            for (int64_t c = 0; c < dim; ++c) dst[c] += sum[c];
+          },
+          prefetch);
+    }
     ctx->set_output(0, embedding);
   }
 

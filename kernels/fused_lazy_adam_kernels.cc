@@ -25,29 +25,18 @@ struct AdamParams {
 
 // One Adam step on a row (the seed's math: v stored as |v|, epsilon outside the sqrt),
 // compiled for AVX-512, AVX2 and baseline x86-64.
-RECOPS_MULTIVERSION void AdamRow(const float* g, int64_t dim, const AdamParams& p, float* var,
-                                 float* m, float* v) {
-  const float one_minus_b1 = 1.0f - p.beta1, one_minus_b2 = 1.0f - p.beta2;
+RECOPS_MULTIVERSION void AdamRow(const float* __restrict g, int64_t dim, AdamParams p,
+                                 float* __restrict var, float* __restrict m,
+                                 float* __restrict v) {
+  const float beta1 = p.beta1, beta2 = p.beta2, lr = p.lr, epsilon = p.epsilon;
+  const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
   for (int64_t c = 0; c < dim; ++c) {
-    const float m_new = p.beta1 * m[c] + one_minus_b1 * g[c];
-    const float v_new = std::fabs(p.beta2 * v[c] + one_minus_b2 * g[c] * g[c]);
+    const float m_new = beta1 * m[c] + one_minus_b1 * g[c];
+    const float v_new = std::fabs(beta2 * v[c] + one_minus_b2 * g[c] * g[c]);
     m[c] = m_new;
     v[c] = v_new;
-    var[c] -= p.lr * m_new / (std::sqrt(v_new) + p.epsilon);
+    var[c] -= lr * m_new / (std::sqrt(v_new) + epsilon);
   }
-}
-
-// The gradient of a row: g itself when the row occurs once, else the sum of its occurrences in
-// order (in `scratch`).
-const float* RowGradient(const float* gradient, int64_t dim, int64_t first, const int64_t* next,
-                         std::vector<float>* scratch) {
-  if (next[first] < 0) return gradient + first * dim;
-  scratch->assign(gradient + first * dim, gradient + (first + 1) * dim);
-  for (int64_t i = next[first]; i >= 0; i = next[i]) {
-    const float* g = gradient + i * dim;
-    for (int64_t c = 0; c < dim; ++c) (*scratch)[c] += g[c];
-  }
-  return scratch->data();
 }
 
 class AdamOpBase : public OpKernel {
@@ -76,13 +65,21 @@ class AdamOpBase : public OpKernel {
     p.lr = lr;
     const int64_t dim = gradient.dim_size(1);
     const float* g = gradient.flat<float>().data();
-    ForEachDistinctRow(ctx, rows.data(), static_cast<int64_t>(rows.size()), 28 * dim,
-                       [&](int64_t row, int64_t first, const int64_t* next) {
-                         thread_local std::vector<float> scratch;
-                         float *var, *m, *v;
-                         row_ptr(row, &var, &m, &v);
-                         AdamRow(RowGradient(g, dim, first, next, &scratch), dim, p, var, m, v);
-                       });
+    const int64_t bytes = dim * static_cast<int64_t>(sizeof(float));
+    ForEachDistinctRowSum(
+        ctx, rows.data(), static_cast<int64_t>(rows.size()), g, dim, 24 * dim,
+        [&](int64_t row, const float* sum, int64_t) {
+          float *var, *m, *v;
+          row_ptr(row, &var, &m, &v);
+          AdamRow(sum, dim, p, var, m, v);
+        },
+        [&](int64_t row) {
+          float *var, *m, *v;
+          row_ptr(row, &var, &m, &v);
+          PrefetchBytes(var, bytes, true);
+          PrefetchBytes(m, bytes, true);
+          PrefetchBytes(v, bytes, true);
+        });
   }
 
   AdamParams params_;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/dynamic_table.h"
+#include "kernels/common/microkernels.h"
 #include "kernels/common/sparse_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -16,6 +17,17 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 
 namespace {
+
+// var -= lr * (g + decay * var): the summed gradient of a row's occurrences and their weight
+// decay (count * weight_decay, each from the value before the step).
+RECOPS_MULTIVERSION void SgdRow(const float* __restrict g, int64_t dim, float lr, float decay,
+                                float* __restrict var) {
+  if (decay == 0) {
+    for (int64_t c = 0; c < dim; ++c) var[c] -= lr * g[c];
+  } else {
+    for (int64_t c = 0; c < dim; ++c) var[c] -= lr * (g[c] + decay * var[c]);
+  }
+}
 
 class SgdOpBase : public OpKernel {
  public:
@@ -35,20 +47,14 @@ class SgdOpBase : public OpKernel {
     const int64_t dim = gradient.dim_size(1);
     const float* g = gradient.flat<float>().data();
     const float wd = weight_decay_;
-    ForEachDistinctRow(ctx, rows.data(), static_cast<int64_t>(rows.size()), 12 * dim,
-                       [&](int64_t row, int64_t first, const int64_t* next) {
-                         float* var = row_ptr(row);
-                         int64_t count = 0;
-                         for (int64_t i = first; i >= 0; i = next[i]) ++count;
-                         const float decay = static_cast<float>(count) * wd;
-                         for (int64_t c = 0; c < dim; ++c) {
-                           float sum = g[first * dim + c];
-                           for (int64_t i = next[first]; i >= 0; i = next[i]) {
-                             sum += g[i * dim + c];
-                           }
-                           var[c] -= lr * (wd == 0 ? sum : sum + decay * var[c]);
-                         }
-                       });
+    ForEachDistinctRowSum(
+        ctx, rows.data(), static_cast<int64_t>(rows.size()), g, dim, 8 * dim,
+        [&](int64_t row, const float* sum, int64_t count) {
+          SgdRow(sum, dim, lr, static_cast<float>(count) * wd, row_ptr(row));
+        },
+        [&](int64_t row) {
+          PrefetchBytes(row_ptr(row), dim * static_cast<int64_t>(sizeof(float)), true);
+        });
   }
 
   float weight_decay_;

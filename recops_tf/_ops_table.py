@@ -288,6 +288,8 @@ OPS = (
         bound="memory",
         bench={
             "tiny": ({"target": "variable", "table_rows": 100, "touched": 64, "dim": 8},
+                     {"target": "variable", "table_rows": 100, "touched": 64, "dim": 8,
+                      "baseline": "keras_adam"},
                      {"target": "table", "table_rows": 100, "touched": 64, "dim": 8}),
             "full": ({"target": "variable", "table_rows": 1_000_000, "touched": 16384,
                       "dim": 64},

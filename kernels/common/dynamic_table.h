@@ -131,11 +131,14 @@ class DynamicTable : public tensorflow::ResourceBase {
   const int64_t width_;
   const int64_t row_bytes_;
   const int64_t max_rows_;
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t block_align_;
   mutable absl::Mutex mu_;
   int64_t tag_;
   KeyIndex index_;
   std::vector<int64_t> row_keys_;
   struct FreeAligned {
+    size_t align;
     void operator()(float* p) const;
   };
   std::vector<std::unique_ptr<float[], FreeAligned>> blocks_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/parallel.h"
@@ -22,45 +23,132 @@ inline uint64_t HashRow(int64_t row) {
   return x ^ (x >> 29);
 }
 
+// Sorts positions by (rows[i], i): a stable LSD radix sort on the row, 11 bits per pass, so
+// equal rows end up adjacent with their positions ascending, and rows are visited in address
+// order (monotonic memory access instead of random).
+void SortByRow(const int64_t* rows, std::vector<int64_t>* positions) {
+  int64_t max_row = 0;
+  for (int64_t i : *positions) max_row = std::max(max_row, rows[i]);
+  const int bits = 64 - __builtin_clzll(static_cast<uint64_t>(max_row) | 1);
+  constexpr int kBits = 11;
+  constexpr int64_t kBuckets = int64_t{1} << kBits;
+  std::vector<int64_t> other(positions->size());
+  std::vector<int64_t> start(kBuckets);
+  for (int shift = 0; shift < bits; shift += kBits) {
+    std::fill(start.begin(), start.end(), 0);
+    for (int64_t i : *positions) ++start[(rows[i] >> shift) & (kBuckets - 1)];
+    int64_t sum = 0;
+    for (int64_t& c : start) {
+      const int64_t count = c;
+      c = sum;
+      sum += count;
+    }
+    for (int64_t i : *positions) other[start[(rows[i] >> shift) & (kBuckets - 1)]++] = i;
+    positions->swap(other);
+  }
+}
+
+// Runs body(mine) once per task, in parallel, where mine lists the positions i whose
+// rows[i] >= 0 belong to the task, sorted by (row, position): rows are split among tasks by a
+// hash, so every row has one task and each position is read by one task only.
+template <typename Body>
+void RunRowTasks(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t cost_per_row,
+                 const Body& body) {
+  if (n == 0) return;
+  const int64_t tasks =
+      n * cost_per_row < 65536 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), n));
+  std::vector<std::vector<int64_t>> mine(tasks);
+  for (auto& m : mine) m.reserve(n / tasks + 16);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows[i];
+    // The top bits of the row's hash scaled to [0, tasks) (no division).
+    if (r >= 0) mine[((HashRow(r) >> 32) * tasks) >> 32].push_back(i);
+  }
+  ParallelFor(ctx, tasks, n * (8 + cost_per_row) / tasks, [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      SortByRow(rows, &mine[task]);
+      body(mine[task]);
+    }
+  });
+}
+
+// Calls visit(k) for k in [0, size) with prefetch(k + kAhead) issued ahead of it.
+template <typename Visit, typename Prefetch>
+void VisitWithPrefetch(size_t size, const Visit& visit, const Prefetch& prefetch) {
+  constexpr size_t kAhead = 8;  // rows in flight
+  for (size_t k = 0; k < std::min(kAhead, size); ++k) prefetch(k);
+  for (size_t k = 0; k < size; ++k) {
+    if (k + kAhead < size) prefetch(k + kAhead);
+    visit(k);
+  }
+}
+
 }  // namespace
 
 void ForEachDistinctRow(
     OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t cost_per_row,
-    const std::function<void(int64_t row, int64_t first, const int64_t* next)>& fn) {
-  if (n == 0) return;
-  // One task per thread (more would rescan the rows for nothing); a task owns the rows
-  // hashed to it and visits them in first-occurrence order.
-  const int64_t tasks =
-      n * cost_per_row < 65536 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), n));
+    const std::function<void(int64_t row, int64_t first, const int64_t* next)>& fn,
+    const std::function<void(int64_t row)>& prefetch) {
   std::vector<int64_t> next(n, -1);
-  ParallelFor(ctx, tasks, n * (8 + cost_per_row) / tasks, [&](int64_t t0, int64_t t1) {
-    for (int64_t task = t0; task < t1; ++task) {
-      const auto mine = [&](int64_t r) {
-        return r >= 0 && static_cast<int64_t>(HashRow(r) >> 40) % tasks == task;
-      };
-      int64_t count = 0;
-      for (int64_t i = 0; i < n; ++i) count += mine(rows[i]);
-      // Open addressing (load <= 1/2): slot -> distinct row and its last occurrence so far.
-      size_t capacity = 16;
-      while (capacity < static_cast<size_t>(2 * count + 2)) capacity *= 2;
-      const uint64_t mask = capacity - 1;
-      std::vector<int64_t> slot_row(capacity, -1), slot_last(capacity);
-      std::vector<int64_t> firsts;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = rows[i];
-        if (!mine(r)) continue;
-        uint64_t s = HashRow(r) & mask;
-        while (slot_row[s] >= 0 && slot_row[s] != r) s = (s + 1) & mask;
-        if (slot_row[s] < 0) {
-          slot_row[s] = r;
-          firsts.push_back(i);
-        } else {
-          next[slot_last[s]] = i;
-        }
-        slot_last[s] = i;
+  RunRowTasks(ctx, rows, n, cost_per_row, [&](const std::vector<int64_t>& mine) {
+    std::vector<int64_t> firsts;
+    for (size_t k = 0; k < mine.size(); ++k) {
+      if (k > 0 && rows[mine[k]] == rows[mine[k - 1]]) {
+        next[mine[k - 1]] = mine[k];
+      } else {
+        firsts.push_back(mine[k]);
       }
-      for (int64_t first : firsts) fn(rows[first], first, next.data());
     }
+    VisitWithPrefetch(
+        firsts.size(), [&](size_t k) { fn(rows[firsts[k]], firsts[k], next.data()); },
+        [&](size_t k) {
+          if (prefetch) prefetch(rows[firsts[k]]);
+        });
+  });
+}
+
+void ForEachDistinctRowSum(
+    OpKernelContext* ctx, const int64_t* rows, int64_t n, const float* values, int64_t dim,
+    int64_t cost_per_row,
+    const std::function<void(int64_t row, const float* sum, int64_t count)>& fn,
+    const std::function<void(int64_t row)>& prefetch) {
+  RunRowTasks(ctx, rows, n, cost_per_row + 8 * dim, [&](const std::vector<int64_t>& mine) {
+    // Per distinct row: the row, its first occurrence, its count, and where its sum is (-1
+    // when it occurs once: the sum is then its value, not copied).
+    struct Distinct {
+      int64_t row, first, count, sum;
+    };
+    std::vector<Distinct> distinct;
+    std::vector<float> sums;
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const int64_t i = mine[k];
+      if (k == 0 || rows[i] != rows[mine[k - 1]]) {
+        distinct.push_back(Distinct{rows[i], i, 1, -1});
+        continue;
+      }
+      // A repeated row: its values are added in ascending position order.
+      Distinct& d = distinct.back();
+      if (d.sum < 0) {
+        d.sum = static_cast<int64_t>(sums.size());
+        sums.insert(sums.end(), values + d.first * dim, values + (d.first + 1) * dim);
+      }
+      float* __restrict sum = sums.data() + d.sum;
+      const float* __restrict src = values + i * dim;
+      for (int64_t c = 0; c < dim; ++c) sum[c] += src[c];
+      ++d.count;
+    }
+    VisitWithPrefetch(
+        distinct.size(),
+        [&](size_t k) {
+          const Distinct& d = distinct[k];
+          fn(d.row, d.sum < 0 ? values + d.first * dim : sums.data() + d.sum, d.count);
+        },
+        [&](size_t k) {
+          const Distinct& d = distinct[k];
+          PrefetchBytes(d.sum < 0 ? values + d.first * dim : sums.data() + d.sum,
+                        dim * static_cast<int64_t>(sizeof(float)), false);
+          if (prefetch) prefetch(d.row);
+        });
   });
 }
 

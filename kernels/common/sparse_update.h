@@ -22,10 +22,35 @@ namespace recops {
 // skipped); the occurrences of the row are i = first, next[i], next[next[i]], ... in ascending
 // order, ending at -1. Rows are split among tasks by a hash of the row, so fn never runs for
 // the same row twice at once, and what fn computes does not depend on the thread count.
-// cost_per_row: work of one call of fn (bytes touched is a fair proxy).
+// cost_per_row: work of one call of fn (bytes touched is a fair proxy). prefetch(row), if
+// given, is called a few distinct rows ahead of fn(row) so that the random row accesses of
+// several rows overlap instead of waiting on memory one row at a time.
 void ForEachDistinctRow(
     tensorflow::OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t cost_per_row,
-    const std::function<void(int64_t row, int64_t first, const int64_t* next)>& fn);
+    const std::function<void(int64_t row, int64_t first, const int64_t* next)>& fn,
+    const std::function<void(int64_t row)>& prefetch = nullptr);
+
+// Like ForEachDistinctRow, for steps that need each distinct row's summed values: calls
+// fn(row, sum, count) with sum = the rows of the [n, dim] matrix `values` at the row's
+// occurrences added in ascending order (deterministic) and count = its occurrences.
+// The values are read in order while grouping, not by chasing each row's occurrences.
+void ForEachDistinctRowSum(
+    tensorflow::OpKernelContext* ctx, const int64_t* rows, int64_t n, const float* values,
+    int64_t dim, int64_t cost_per_row,
+    const std::function<void(int64_t row, const float* sum, int64_t count)>& fn,
+    const std::function<void(int64_t row)>& prefetch = nullptr);
+
+// Prefetches the cache lines of [p, p + bytes) (for writing when `write`).
+inline void PrefetchBytes(const void* p, int64_t bytes, bool write) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) {
+    if (write) {
+      __builtin_prefetch(c + i, 1, 3);
+    } else {
+      __builtin_prefetch(c + i, 0, 3);
+    }
+  }
+}
 
 // Reads `indices` (int32 or int64, shape [N] or [N, 1]) into rows: negative entries become -1
 // (skipped), entries >= num_rows are an InvalidArgument naming the first one.

@@ -225,7 +225,8 @@ def embedding_update_by_address(table, addresses, values, update_type="add", nam
     """Updates rows of a growing table by address (the Rec SDK's ``EmbeddingUpdateByAddress``).
 
     For every ``addresses[i] != 0``, the first ``D`` columns of its row get ``values[i]``
-    added (``update_type="add"``: duplicate addresses accumulate, in order) or assigned
+    added (``update_type="add"``: the values of duplicate addresses are summed in order,
+    then added) or assigned
     (``"assign"``: the last duplicate wins, deterministically). Address 0 is skipped. All
     addresses are validated before any row is written, so a bad one changes nothing.
 

@@ -487,7 +487,9 @@ def fused_lazy_adam(target="variable", table_rows=100, touched=64, dim=8, baseli
         adam = keras.optimizers.Adam(lr)
         adam.build([keras_var])
         case.label += " vs Keras Adam"
-        case.baseline = _step(lambda g, i: adam.apply([tf.IndexedSlices(g, i)], [keras_var]))
+        shape = tf.constant([table_rows, dim], tf.int64)
+        case.baseline = _step(lambda g, i: adam.apply([tf.IndexedSlices(g, i, shape)],
+                                                      [keras_var]))
     return case
 
 
