@@ -48,15 +48,19 @@ void SortByRow(const int64_t* rows, std::vector<int64_t>* positions) {
   }
 }
 
-// Runs body(mine) once per task, in parallel, where mine lists the positions i whose
+// Runs body(mine) once per task, in parallel (tasks handed out dynamically), where mine lists the positions i whose
 // rows[i] >= 0 belong to the task, sorted by (row, position): rows are split among tasks by a
 // hash, so every row has one task and each position is read by one task only.
 template <typename Body>
 void RunRowTasks(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t cost_per_row,
                  const Body& body) {
   if (n == 0) return;
+  // Several tasks per thread, handed out one at a time, so a thread that starts late does not
+  // hold the step up; each position is still read by one task only.
   const int64_t tasks =
-      n * cost_per_row < 65536 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), n));
+      n * cost_per_row < 65536
+          ? 1
+          : std::max<int64_t>(1, std::min<int64_t>(8 * NumThreads(ctx), n / 256));
   std::vector<std::vector<int64_t>> mine(tasks);
   for (auto& m : mine) m.reserve(n / tasks + 16);
   for (int64_t i = 0; i < n; ++i) {
@@ -64,12 +68,15 @@ void RunRowTasks(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t c
     // The top bits of the row's hash scaled to [0, tasks) (no division).
     if (r >= 0) mine[((HashRow(r) >> 32) * tasks) >> 32].push_back(i);
   }
-  ParallelFor(ctx, tasks, n * (8 + cost_per_row) / tasks, [&](int64_t t0, int64_t t1) {
-    for (int64_t task = t0; task < t1; ++task) {
-      SortByRow(rows, &mine[task]);
-      body(mine[task]);
-    }
-  });
+  const auto run = [&](int64_t task) {
+    SortByRow(rows, &mine[task]);
+    body(mine[task]);
+  };
+  if (tasks == 1) {
+    run(0);
+  } else {
+    ParallelForDynamic(ctx, tasks, run);
+  }
 }
 
 // Calls visit(k) for k in [0, size) with prefetch(k + kAhead) issued ahead of it.
