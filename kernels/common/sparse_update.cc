@@ -32,8 +32,10 @@ void SortByRow(const int64_t* rows, std::vector<int64_t>* positions) {
   const int bits = 64 - __builtin_clzll(static_cast<uint64_t>(max_row) | 1);
   constexpr int kBits = 11;
   constexpr int64_t kBuckets = int64_t{1} << kBits;
-  std::vector<int64_t> other(positions->size());
-  std::vector<int64_t> start(kBuckets);
+  // Per-thread scratch, kept between calls (no allocation, no page faults per step).
+  thread_local std::vector<int64_t> other, start;
+  other.resize(positions->size());
+  start.resize(kBuckets);
   for (int shift = 0; shift < bits; shift += kBits) {
     std::fill(start.begin(), start.end(), 0);
     for (int64_t i : *positions) ++start[(rows[i] >> shift) & (kBuckets - 1)];
@@ -98,7 +100,8 @@ void ForEachDistinctRow(
     const std::function<void(int64_t row)>& prefetch) {
   std::vector<int64_t> next(n, -1);
   RunRowTasks(ctx, rows, n, cost_per_row, [&](const std::vector<int64_t>& mine) {
-    std::vector<int64_t> firsts;
+    thread_local std::vector<int64_t> firsts;
+    firsts.clear();
     for (size_t k = 0; k < mine.size(); ++k) {
       if (k > 0 && rows[mine[k]] == rows[mine[k - 1]]) {
         next[mine[k - 1]] = mine[k];
@@ -125,8 +128,10 @@ void ForEachDistinctRowSum(
     struct Distinct {
       int64_t row, first, count, sum;
     };
-    std::vector<Distinct> distinct;
-    std::vector<float> sums;
+    thread_local std::vector<Distinct> distinct;
+    thread_local std::vector<float> sums;
+    distinct.clear();
+    sums.clear();
     for (size_t k = 0; k < mine.size(); ++k) {
       const int64_t i = mine[k];
       if (k == 0 || rows[i] != rows[mine[k - 1]]) {
