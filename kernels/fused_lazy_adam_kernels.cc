@@ -125,14 +125,9 @@ class LazyAdamByAddressOp : public AdamOpBase {
     const Tensor& address = ctx->input(3);
     float lr;
     OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(1), gradient, dim, &lr));
-    OP_REQUIRES(ctx, address.dims() == 1 && address.dim_size(0) == gradient.dim_size(0),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "address must be a vector of gradient's ", gradient.dim_size(0),
-                    " rows, got shape ", address.shape().DebugString())));
     absl::MutexLock lock(table->mu());
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, table->DecodeAddresses(ctx, address.flat<int64_t>().data(),
-                                               address.dim_size(0), "address", &rows));
+    OP_REQUIRES_OK(ctx, DecodeStepAddresses(ctx, *table, address, gradient, &rows));
     Apply(ctx, lr, gradient, rows, [&](int64_t r, float** pv, float** pm, float** pvv) {
       *pv = table->Row(r);
       *pm = *pv + dim;

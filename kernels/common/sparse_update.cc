@@ -205,6 +205,18 @@ absl::Status CheckStepInputs(const Tensor& lr, const Tensor& gradient, int64_t d
   return absl::OkStatus();
 }
 
+absl::Status DecodeStepAddresses(OpKernelContext* ctx, const DynamicTable& table,
+                                 const Tensor& address, const Tensor& gradient,
+                                 std::vector<int64_t>* rows) {
+  if (address.dims() != 1 || address.dim_size(0) != gradient.dim_size(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address must be a vector of gradient's ", gradient.dim_size(0),
+                     " rows, got shape ", address.shape().DebugString()));
+  }
+  return table.DecodeAddresses(ctx, address.flat<int64_t>().data(), address.dim_size(0),
+                               "address", rows);
+}
+
 LockedVariables::LockedVariables(OpKernelContext* ctx, int count, const char* const* names)
     : vars_(count) {
   for (int i = 0; i < count; ++i) {

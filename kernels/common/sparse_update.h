@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/common/dynamic_table.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/platform/refcount.h"
 
@@ -60,6 +61,12 @@ absl::Status ReadRowIndices(const tensorflow::Tensor& indices, int64_t n, int64_
 // Checks the scalar float32 learning rate and the [N, dim] float32 gradient of an optimizer op.
 absl::Status CheckStepInputs(const tensorflow::Tensor& lr, const tensorflow::Tensor& gradient,
                              int64_t dim, float* lr_value);
+
+// The rows of an optimizer step's [N] int64 addresses into `table` (one per gradient row),
+// checked and decoded (-1 for address 0). Caller holds table.mu().
+absl::Status DecodeStepAddresses(tensorflow::OpKernelContext* ctx, const DynamicTable& table,
+                                 const tensorflow::Tensor& address,
+                                 const tensorflow::Tensor& gradient, std::vector<int64_t>* rows);
 
 // The float32 resource variables of an optimizer op (inputs 0..count-1), locked exclusively
 // (in address order, so ops locking the same variables cannot deadlock) for the lifetime of

@@ -121,11 +121,7 @@ class DynamicEmbeddingTable(tf.saved_model.experimental.TrackableResource):
         with tf.name_scope(name or "lookup_addresses"):
             if isinstance(keys, tf.RaggedTensor):
                 return keys.with_flat_values(self.lookup_addresses(keys.flat_values, training))
-            keys = tf.convert_to_tensor(keys, dtype_hint=tf.int64, name="keys")
-            if keys.dtype != tf.int64:
-                keys = tf.cast(keys, tf.int64) if keys.dtype == tf.int32 else keys
-            if keys.dtype != tf.int64:
-                raise TypeError(f"keys must be int32 or int64, got {keys.dtype.name}")
+            keys = tf.cast(index_tensor(keys, "keys"), tf.int64)
             training = tf.convert_to_tensor(training, tf.bool, name="training")
             return lib().recops_dynamic_embedding_lookup_addresses(self.resource_handle, keys,
                                                                     training)

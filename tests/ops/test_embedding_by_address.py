@@ -274,6 +274,12 @@ def test_validation_errors():
         padded.assign([0], np.zeros((1, 4), np.float32))
     with pytest.raises(ValueError, match="dim"):
         recops_tf.DynamicEmbeddingTable(0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="training must be a scalar"):
+        table.lookup_addresses([1], training=[True])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="too wide"):
+        recops_tf.DynamicEmbeddingTable(2**29)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="over 16 GiB"):
+        recops_tf.DynamicEmbeddingTable(2**20, block_rows=2**14)
 
 
 # --- persistence -------------------------------------------------------------------------------

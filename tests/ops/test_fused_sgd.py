@@ -56,6 +56,17 @@ def test_table_by_address_matches_composite():
     assert_close(table.export()[1], composite, tf.float32)
 
 
+def test_addresses_must_match_the_gradient_rows():
+    table = recops_tf.DynamicEmbeddingTable(3, num_slots=2)
+    a = table.lookup_addresses([1, 2])
+    for step in (lambda: recops_tf.sgd_update(table, np.ones((3, 3), np.float32), a, 0.1),
+                 lambda: recops_tf.lazy_adam_update(table, None, None,
+                                                    np.ones((3, 3), np.float32), a, 0.1)):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="address must be a vector of gradient's 3 rows"):
+            step()
+
+
 def test_out_of_range_raises_and_writes_nothing():
     x = init()
     var = tf.Variable(x)
