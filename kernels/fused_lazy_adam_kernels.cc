@@ -60,14 +60,14 @@ class AdamOpBase : public OpKernel {
   // Applies the step to the distinct rows; row_ptr(r) is the [var | m | v] pointers of row r.
   template <typename RowPointers>
   void Apply(OpKernelContext* ctx, float lr, const Tensor& gradient,
-             const std::vector<int64_t>& rows, const RowPointers& row_ptr) {
+             const int64_t* rows, const RowPointers& row_ptr) {
     AdamParams p = params_;
     p.lr = lr;
     const int64_t dim = gradient.dim_size(1);
     const float* g = gradient.flat<float>().data();
     const int64_t bytes = dim * static_cast<int64_t>(sizeof(float));
     ForEachDistinctRowSum(
-        ctx, rows.data(), static_cast<int64_t>(rows.size()), g, dim, 24 * dim,
+        ctx, rows, gradient.dim_size(0), g, dim, 24 * dim,
         [&](int64_t row, const float* sum, int64_t) {
           float *var, *m, *v;
           row_ptr(row, &var, &m, &v);
@@ -97,8 +97,10 @@ class LazyAdamOp : public AdamOpBase {
     const Tensor& gradient = ctx->input(4);
     float lr;
     OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(3), gradient, dim, &lr));
-    std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, ReadRowIndices(ctx->input(5), gradient.dim_size(0), num_rows, &rows));
+    std::vector<int64_t> storage;
+    const int64_t* rows;
+    OP_REQUIRES_OK(ctx, ReadRowIndices(ctx->input(5), gradient.dim_size(0), num_rows, &storage,
+                                       &rows));
     float *var = vars.data(0), *m = vars.data(1), *v = vars.data(2);
     Apply(ctx, lr, gradient, rows, [&](int64_t r, float** pv, float** pm, float** pvv) {
       *pv = var + r * dim;
@@ -128,7 +130,7 @@ class LazyAdamByAddressOp : public AdamOpBase {
     absl::MutexLock lock(table->mu());
     std::vector<int64_t> rows;
     OP_REQUIRES_OK(ctx, DecodeStepAddresses(ctx, *table, address, gradient, &rows));
-    Apply(ctx, lr, gradient, rows, [&](int64_t r, float** pv, float** pm, float** pvv) {
+    Apply(ctx, lr, gradient, rows.data(), [&](int64_t r, float** pv, float** pm, float** pvv) {
       *pv = table->Row(r);
       *pm = *pv + dim;
       *pvv = *pv + 2 * dim;

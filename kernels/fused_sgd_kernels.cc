@@ -43,12 +43,12 @@ class SgdOpBase : public OpKernel {
   // every occurrence applies its own step from the value before the batch, as the seed does.
   template <typename RowPointer>
   void Apply(OpKernelContext* ctx, float lr, const Tensor& gradient,
-             const std::vector<int64_t>& rows, const RowPointer& row_ptr) {
+             const int64_t* rows, const RowPointer& row_ptr) {
     const int64_t dim = gradient.dim_size(1);
     const float* g = gradient.flat<float>().data();
     const float wd = weight_decay_;
     ForEachDistinctRowSum(
-        ctx, rows.data(), static_cast<int64_t>(rows.size()), g, dim, 8 * dim,
+        ctx, rows, gradient.dim_size(0), g, dim, 8 * dim,
         [&](int64_t row, const float* sum, int64_t count) {
           SgdRow(sum, dim, lr, static_cast<float>(count) * wd, row_ptr(row));
         },
@@ -72,8 +72,10 @@ class SgdOp : public SgdOpBase {
     const Tensor& gradient = ctx->input(2);
     float lr;
     OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(1), gradient, dim, &lr));
-    std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, ReadRowIndices(ctx->input(3), gradient.dim_size(0), num_rows, &rows));
+    std::vector<int64_t> storage;
+    const int64_t* rows;
+    OP_REQUIRES_OK(ctx, ReadRowIndices(ctx->input(3), gradient.dim_size(0), num_rows, &storage,
+                                       &rows));
     float* var = vars.data(0);
     Apply(ctx, lr, gradient, rows, [&](int64_t r) { return var + r * dim; });
   }
@@ -93,7 +95,7 @@ class SgdByAddressOp : public SgdOpBase {
     absl::MutexLock lock(table->mu());
     std::vector<int64_t> rows;
     OP_REQUIRES_OK(ctx, DecodeStepAddresses(ctx, *table, address, gradient, &rows));
-    Apply(ctx, lr, gradient, rows, [&](int64_t r) { return table->Row(r); });
+    Apply(ctx, lr, gradient, rows.data(), [&](int64_t r) { return table->Row(r); });
   }
 };
 

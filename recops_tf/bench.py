@@ -92,12 +92,35 @@ def _run(fn, args):
     return fn(*args)
 
 
-def bench_case(row, case, warmup, reps, ceilings):
-    """Rows (dicts) for one case: forward, and forward+backward when differentiable."""
+def _looped(fn, steps):
+    """One tf.function running the step `fn` `steps` times in a graph loop: a step's time
+    without the cost of a tf.function call (0.25-0.5 ms here), which dominates short steps."""
+    @tf.function
+    def loop(*args):
+        kept = tf.constant(0.0)
+        for _ in tf.range(steps):
+            # The loop carries one element of each output, so that a step returning values (a
+            # lookup) is computed whole every iteration rather than pruned.
+            for out in [o for o in tf.nest.flatten(fn(*args)) if o is not None]:
+                kept += tf.reduce_sum(tf.cast(tf.reshape(out, [-1])[:1], tf.float32))
+        return kept
+
+    return loop
+
+
+def bench_case(row, case, warmup, reps, ceilings, loop=0):
+    """Rows (dicts) for one case: forward, and forward+backward when differentiable; a
+    stateful stem's case is one step (a table lookup or update, an optimizer step), timed per
+    call, or per step in a graph loop of `loop` steps when `loop` > 0."""
     results = []
-    # A stateful stem's case is one step (a lookup or update of the table, an optimizer step).
-    modes = [("step" if row.stateful else "forward", tf.function(case.fused), tf.function(case.benchmark_baseline),
-              case.bytes_forward, case.flops_forward)]
+    if row.stateful and loop > 0:
+        modes = [(f"step (loop of {loop})", _looped(case.fused, loop),
+                  _looped(case.benchmark_baseline, loop), case.bytes_forward, case.flops_forward)]
+        per_call = loop
+    else:
+        modes = [("step" if row.stateful else "forward", tf.function(case.fused),
+                  tf.function(case.benchmark_baseline), case.bytes_forward, case.flops_forward)]
+        per_call = 1
     if case.diff:
         upstream = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype)
         modes.append(("forward+backward", _vjp(case.fused, case.diff, upstream),
@@ -105,8 +128,8 @@ def bench_case(row, case, warmup, reps, ceilings):
                       case.bytes_forward + case.bytes_backward,
                       case.flops_forward + case.flops_backward))
     for mode, fused, reference, nbytes, flops in modes:
-        t_fused = _median_seconds(lambda: _run(fused, case.args), warmup, reps)
-        t_ref = _median_seconds(lambda: _run(reference, case.args), warmup, reps)
+        t_fused = _median_seconds(lambda: _run(fused, case.args), warmup, reps) / per_call
+        t_ref = _median_seconds(lambda: _run(reference, case.args), warmup, reps) / per_call
         if row.bound == "memory":
             rate, unit, ceiling = nbytes / t_fused / 1e9, "GB/s", ceilings["copy_GBps"]
             threaded = rate / ceilings["copy_threaded_GBps"]
@@ -124,8 +147,9 @@ def bench_case(row, case, warmup, reps, ceilings):
 
 
 def run(stems=None, size="full", warmup=2, reps=10, json_path=None, progress=True,
-        dtype="float32"):
-    """Runs the benchmark and returns {"ceilings", "rows", "machine"}; writes JSON if asked."""
+        dtype="float32", loop=0):
+    """Runs the benchmark and returns {"ceilings", "rows", "machine"}; writes JSON if asked.
+    loop > 0 times the stateful stems' steps in graph loops of that many steps."""
     rows = [r for r in _ops_table.OPS if not stems or r.stem in stems]
     unknown = set(stems or ()) - {r.stem for r in _ops_table.OPS}
     if unknown:
@@ -143,14 +167,14 @@ def run(stems=None, size="full", warmup=2, reps=10, json_path=None, progress=Tru
     results = []
     for i, (row, shape) in enumerate(work):
         case = cases.build(row.stem, shape, dtype=tf.as_dtype(dtype))
-        results += bench_case(row, case, warmup, reps, ceilings)
+        results += bench_case(row, case, warmup, reps, ceilings, loop)
         if bar is not None:
             bar.update(i + 1)
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "tensorflow": tf.__version__,
                     "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()},
-        "size": size, "dtype": dtype, "warmup": warmup, "reps": reps,
+        "size": size, "dtype": dtype, "warmup": warmup, "reps": reps, "loop": loop,
         "ceilings": ceilings, "rows": results,
     }
     if json_path:
@@ -186,10 +210,16 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
+    parser.add_argument("--loop", type=int, default=0, metavar="STEPS",
+                        help="time the stateful stems' steps (table lookups and updates, "
+                             "optimizer steps) per step in graph loops of STEPS steps, "
+                             "without the tf.function call cost (default: per call)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.loop < 0:
+        parser.error("--loop must be >= 0")
     report = run(args.stems or None, args.size, args.warmup, args.reps, args.json_path,
-                 progress=not args.no_progress, dtype=args.dtype)
+                 progress=not args.no_progress, dtype=args.dtype, loop=args.loop)
     print(format_table(report))
     return 0
 

@@ -39,3 +39,34 @@ def test_layer_benchmark_runs_on_a_tiny_block(capsys):
     assert module.main(["--batch", "2", "--max-len", "8", "--d-model", "8", "--heads", "2",
                         "--warmup", "0", "--reps", "1"]) == 0
     assert "HSTUBlock B=2" in capsys.readouterr().out
+
+
+def test_loop_mode_runs_the_step_once_per_iteration():
+    import tensorflow as tf
+
+    counter = tf.Variable(0)
+    bench._looped(lambda x: counter.assign_add(x), 7)(tf.constant(2))
+    assert int(counter.numpy()) == 14
+
+
+def test_cli_loop_mode_times_stateful_steps_per_step(tmp_path):
+    path = tmp_path / "b.json"
+    assert cli.main(["bench", "fused_sgd", "reverse_sequence", "--size", "tiny", "--reps", "1",
+                     "--warmup", "0", "--loop", "3", "--no-progress", "--json",
+                     str(path)]) == 0
+    modes = {(r["stem"], r["mode"]) for r in json.loads(path.read_text())["rows"]}
+    assert ("fused_sgd", "step (loop of 3)") in modes
+    assert ("reverse_sequence", "forward") in modes  # stateless stems: timed per call
+
+
+def test_loop_mode_keeps_steps_that_return_values():
+    import tensorflow as tf
+
+    calls = tf.Variable(0)
+
+    def lookup(x):
+        calls.assign_add(1)
+        return tf.gather(x, [1, 0])
+
+    assert float(bench._looped(lookup, 4)(tf.constant([3.0, 5.0])).numpy()) == 20.0
+    assert int(calls.numpy()) == 4

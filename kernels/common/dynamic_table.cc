@@ -150,6 +150,7 @@ DynamicTable::DynamicTable(const TableConfig& config)
     : config_(config),
       width_(config.dim * (1 + config.num_slots)),
       row_bytes_(width_ * static_cast<int64_t>(sizeof(float))),
+      row_reciprocal_(~uint64_t{0} / static_cast<uint64_t>(row_bytes_) + 1),
       max_rows_(kOffsetMask / row_bytes_ - 1),
       block_align_(config.block_rows * row_bytes_ >= (int64_t{1} << 20) ? kHugePage : 64),
       tag_(NewTag()) {}
@@ -259,13 +260,19 @@ absl::Status DynamicTable::DecodeAddresses(tensorflow::OpKernelContext* ctx,
   int64_t* out = rows->data();
   const int64_t rows_now = size();
   std::atomic<int64_t> first_bad{n};
+  const uint64_t rb = static_cast<uint64_t>(row_bytes_), reciprocal = row_reciprocal_;
   ParallelFor(ctx, n, 8, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t a = addresses[i];
-      const int64_t offset = a & kOffsetMask;
-      const int64_t row = offset / row_bytes_ - 1;
-      const bool ok = a > 0 && (a >> kOffsetBits) == tag_ && offset % row_bytes_ == 0 &&
-                      row >= 0 && row < rows_now;
+      const uint64_t offset = static_cast<uint64_t>(a & kOffsetMask);
+      // offset / rb without a division: the high half of offset * ceil(2^64 / rb) is the
+      // quotient or one more (offset < 2^64), corrected by one comparison.
+      using Wide = unsigned __int128;
+      uint64_t q = static_cast<uint64_t>((static_cast<Wide>(offset) * reciprocal) >> 64);
+      q -= q * rb > offset;
+      const int64_t row = static_cast<int64_t>(q) - 1;
+      const bool ok = a > 0 && (a >> kOffsetBits) == tag_ && q * rb == offset && row >= 0 &&
+                      row < rows_now;
       out[i] = a == 0 ? -1 : row;
       if (!ok && a != 0) {
         int64_t seen = first_bad.load(std::memory_order_relaxed);

@@ -130,6 +130,8 @@ class DynamicTable : public tensorflow::ResourceBase {
   const TableConfig config_;
   const int64_t width_;
   const int64_t row_bytes_;
+  // ceil(2^64 / row_bytes_): offset / row_bytes_ as a multiply (see DecodeAddresses).
+  const uint64_t row_reciprocal_;
   const int64_t max_rows_;
   static constexpr size_t kHugePage = size_t{2} << 20;
   const size_t block_align_;

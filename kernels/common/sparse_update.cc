@@ -23,56 +23,83 @@ inline uint64_t HashRow(int64_t row) {
   return x ^ (x >> 29);
 }
 
-// Sorts positions by (rows[i], i): a stable LSD radix sort on the row, 11 bits per pass, so
-// equal rows end up adjacent with their positions ascending, and rows are visited in address
-// order (monotonic memory access instead of random).
-void SortByRow(const int64_t* rows, std::vector<int64_t>* positions) {
-  int64_t max_row = 0;
-  for (int64_t i : *positions) max_row = std::max(max_row, rows[i]);
-  const int bits = 64 - __builtin_clzll(static_cast<uint64_t>(max_row) | 1);
-  constexpr int kBits = 11;
-  constexpr int64_t kBuckets = int64_t{1} << kBits;
-  // Per-thread scratch, kept between calls (no allocation, no page faults per step).
-  thread_local std::vector<int64_t> other, start;
-  other.resize(positions->size());
-  start.resize(kBuckets);
-  for (int shift = 0; shift < bits; shift += kBits) {
-    std::fill(start.begin(), start.end(), 0);
-    for (int64_t i : *positions) ++start[(rows[i] >> shift) & (kBuckets - 1)];
-    int64_t sum = 0;
-    for (int64_t& c : start) {
-      const int64_t count = c;
-      c = sum;
-      sum += count;
+// Groups the positions `mine` (ascending) by row with a small open-addressing hash: calls
+// first(i) at the first position of each distinct row (the rows are numbered 0, 1, ... in
+// order of first sight) and repeat(d, i) at each later position of row number d, in ascending
+// position order. prefetch(i) is called a few positions ahead of position i being grouped.
+template <typename First, typename Repeat, typename Prefetch>
+void GroupByRow(const int64_t* rows, const int64_t* mine, size_t size, const First& first,
+                const Repeat& repeat, const Prefetch& prefetch) {
+  // Per-thread scratch, kept between calls (no allocation, no page faults per step); used
+  // through a local pointer (a thread_local in a shared library costs a call per access).
+  struct Slot {
+    int64_t row;     // -1: empty
+    int64_t number;  // the row's number in order of first sight
+  };
+  thread_local std::vector<Slot> scratch;
+  size_t capacity = 16;
+  while (capacity < 2 * size) capacity <<= 1;
+  scratch.assign(capacity, Slot{-1, 0});
+  Slot* const slots = scratch.data();
+  int64_t distinct = 0;
+  constexpr size_t kAhead = 8;
+  for (size_t k = 0; k < std::min(kAhead, size); ++k) prefetch(mine[k]);
+  for (size_t k = 0; k < size; ++k) {
+    if (k + kAhead < size) prefetch(mine[k + kAhead]);
+    const int64_t i = mine[k], r = rows[i];
+    Slot* slot = slots + (HashRow(r) & (capacity - 1));
+    while (slot->row != r && slot->row >= 0) {
+      slot = slot + 1 == slots + capacity ? slots : slot + 1;
     }
-    for (int64_t i : *positions) other[start[(rows[i] >> shift) & (kBuckets - 1)]++] = i;
-    positions->swap(other);
+    if (slot->row < 0) {
+      *slot = Slot{r, distinct++};
+      first(i);
+    } else {
+      repeat(static_cast<size_t>(slot->number), i);
+    }
   }
 }
 
-// Runs body(mine) once per task, in parallel (tasks handed out dynamically), where mine lists the positions i whose
-// rows[i] >= 0 belong to the task, sorted by (row, position): rows are split among tasks by a
-// hash, so every row has one task and each position is read by one task only.
+// Runs body(mine, size) once per task, in parallel (tasks handed out dynamically), where
+// mine[0, size) lists the positions i whose rows[i] >= 0 belong to the task, in ascending order:
+// rows are split among tasks by a hash, so every row has one task and each position is read by
+// one task only.
 template <typename Body>
 void RunRowTasks(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t cost_per_row,
                  const Body& body) {
   if (n == 0) return;
   // Several tasks per thread, handed out one at a time, so a thread that starts late does not
-  // hold the step up; each position is still read by one task only.
+  // hold the step up.
   const int64_t tasks =
       n * cost_per_row < 65536
           ? 1
           : std::max<int64_t>(1, std::min<int64_t>(8 * NumThreads(ctx), n / 256));
-  std::vector<std::vector<int64_t>> mine(tasks);
-  for (auto& m : mine) m.reserve(n / tasks + 16);
+  // A counting sort of the positions by task (task `tasks` collects the skipped rows), in
+  // scratch of the calling thread kept between calls, used through local pointers (workers see
+  // their own thread_locals, and each access of one in a shared library costs a call).
+  thread_local std::vector<uint32_t> task_scratch;
+  thread_local std::vector<int64_t> order_scratch, start_scratch, fill_scratch;
+  task_scratch.resize(n);
+  order_scratch.resize(n);
+  start_scratch.assign(tasks + 2, 0);
+  fill_scratch.resize(tasks + 2);
+  uint32_t* const task_of = task_scratch.data();
+  int64_t* const positions = order_scratch.data();
+  int64_t* const begin = start_scratch.data();
+  int64_t* const fill = fill_scratch.data();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = rows[i];
     // The top bits of the row's hash scaled to [0, tasks) (no division).
-    if (r >= 0) mine[((HashRow(r) >> 32) * tasks) >> 32].push_back(i);
+    const uint32_t t = r < 0 ? static_cast<uint32_t>(tasks)
+                             : static_cast<uint32_t>(((HashRow(r) >> 32) * tasks) >> 32);
+    task_of[i] = t;
+    ++begin[t + 1];
   }
+  for (int64_t t = 0; t <= tasks; ++t) begin[t + 1] += begin[t];
+  std::copy(begin, begin + tasks + 2, fill);
+  for (int64_t i = 0; i < n; ++i) positions[fill[task_of[i]]++] = i;
   const auto run = [&](int64_t task) {
-    SortByRow(rows, &mine[task]);
-    body(mine[task]);
+    body(positions + begin[task], static_cast<size_t>(begin[task + 1] - begin[task]));
   };
   if (tasks == 1) {
     run(0);
@@ -84,7 +111,7 @@ void RunRowTasks(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t c
 // Calls visit(k) for k in [0, size) with prefetch(k + kAhead) issued ahead of it.
 template <typename Visit, typename Prefetch>
 void VisitWithPrefetch(size_t size, const Visit& visit, const Prefetch& prefetch) {
-  constexpr size_t kAhead = 8;  // rows in flight
+  constexpr size_t kAhead = 16;  // rows in flight
   for (size_t k = 0; k < std::min(kAhead, size); ++k) prefetch(k);
   for (size_t k = 0; k < size; ++k) {
     if (k + kAhead < size) prefetch(k + kAhead);
@@ -99,16 +126,23 @@ void ForEachDistinctRow(
     const std::function<void(int64_t row, int64_t first, const int64_t* next)>& fn,
     const std::function<void(int64_t row)>& prefetch) {
   std::vector<int64_t> next(n, -1);
-  RunRowTasks(ctx, rows, n, cost_per_row, [&](const std::vector<int64_t>& mine) {
-    thread_local std::vector<int64_t> firsts;
+  RunRowTasks(ctx, rows, n, cost_per_row, [&](const int64_t* mine, size_t size) {
+    thread_local std::vector<int64_t> firsts_scratch, lasts_scratch;
+    std::vector<int64_t>& firsts = firsts_scratch;
+    std::vector<int64_t>& lasts = lasts_scratch;
     firsts.clear();
-    for (size_t k = 0; k < mine.size(); ++k) {
-      if (k > 0 && rows[mine[k]] == rows[mine[k - 1]]) {
-        next[mine[k - 1]] = mine[k];
-      } else {
-        firsts.push_back(mine[k]);
-      }
-    }
+    lasts.clear();
+    GroupByRow(
+        rows, mine, size,
+        [&](int64_t i) {
+          firsts.push_back(i);
+          lasts.push_back(i);
+        },
+        [&](size_t d, int64_t i) {
+          next[lasts[d]] = i;
+          lasts[d] = i;
+        },
+        [](int64_t) {});
     VisitWithPrefetch(
         firsts.size(), [&](size_t k) { fn(rows[firsts[k]], firsts[k], next.data()); },
         [&](size_t k) {
@@ -122,33 +156,35 @@ void ForEachDistinctRowSum(
     int64_t cost_per_row,
     const std::function<void(int64_t row, const float* sum, int64_t count)>& fn,
     const std::function<void(int64_t row)>& prefetch) {
-  RunRowTasks(ctx, rows, n, cost_per_row + 8 * dim, [&](const std::vector<int64_t>& mine) {
+  RunRowTasks(ctx, rows, n, cost_per_row + 8 * dim, [&](const int64_t* mine, size_t size) {
     // Per distinct row: the row, its first occurrence, its count, and where its sum is (-1
     // when it occurs once: the sum is then its value, not copied).
     struct Distinct {
       int64_t row, first, count, sum;
     };
-    thread_local std::vector<Distinct> distinct;
-    thread_local std::vector<float> sums;
+    thread_local std::vector<Distinct> distinct_scratch;
+    thread_local std::vector<float> sums_scratch;
+    std::vector<Distinct>& distinct = distinct_scratch;
+    std::vector<float>& sums = sums_scratch;
     distinct.clear();
     sums.clear();
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const int64_t i = mine[k];
-      if (k == 0 || rows[i] != rows[mine[k - 1]]) {
-        distinct.push_back(Distinct{rows[i], i, 1, -1});
-        continue;
-      }
-      // A repeated row: its values are added in ascending position order.
-      Distinct& d = distinct.back();
-      if (d.sum < 0) {
-        d.sum = static_cast<int64_t>(sums.size());
-        sums.insert(sums.end(), values + d.first * dim, values + (d.first + 1) * dim);
-      }
-      float* __restrict sum = sums.data() + d.sum;
-      const float* __restrict src = values + i * dim;
-      for (int64_t c = 0; c < dim; ++c) sum[c] += src[c];
-      ++d.count;
-    }
+    const int64_t bytes = dim * static_cast<int64_t>(sizeof(float));
+    GroupByRow(
+        rows, mine, size, [&](int64_t i) { distinct.push_back(Distinct{rows[i], i, 1, -1}); },
+        [&](size_t k, int64_t i) {
+          // A repeated row: its values are added in ascending position order.
+          Distinct& d = distinct[k];
+          if (d.sum < 0) {
+            d.sum = static_cast<int64_t>(sums.size());
+            sums.insert(sums.end(), values + d.first * dim, values + (d.first + 1) * dim);
+          }
+          float* __restrict sum = sums.data() + d.sum;
+          const float* __restrict src = values + i * dim;
+          for (int64_t c = 0; c < dim; ++c) sum[c] += src[c];
+          ++d.count;
+        },
+        // Every value row is read here or by fn: fetch them while grouping.
+        [&](int64_t i) { PrefetchBytes(values + i * dim, bytes, false); });
     VisitWithPrefetch(
         distinct.size(),
         [&](size_t k) {
@@ -165,25 +201,30 @@ void ForEachDistinctRowSum(
 }
 
 absl::Status ReadRowIndices(const Tensor& indices, int64_t n, int64_t num_rows,
-                            std::vector<int64_t>* rows) {
+                            std::vector<int64_t>* storage, const int64_t** rows) {
   const bool column = indices.dims() == 2 && indices.dim_size(1) == 1;
   if (!(indices.dims() == 1 || column) || indices.NumElements() != n) {
     return absl::InvalidArgumentError(absl::StrCat(
         "indices must have shape [N] or [N, 1] with N = gradient rows = ", n, ", got ",
         indices.shape().DebugString()));
   }
-  rows->resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = indices.dtype() == tensorflow::DT_INT32
-                          ? static_cast<int64_t>(indices.flat<int32_t>()(i))
-                          : indices.flat<int64_t>()(i);
-    if (r >= num_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "indices[", i, "] = ", r, " is out of range [0, ", num_rows,
-          ") (negative indices are skipped)"));
-    }
-    (*rows)[i] = r < 0 ? -1 : r;
+  const int64_t* data;
+  if (indices.dtype() == tensorflow::DT_INT32) {
+    const int32_t* narrow = indices.flat<int32_t>().data();
+    storage->assign(narrow, narrow + n);
+    data = storage->data();
+  } else {
+    data = indices.flat<int64_t>().data();
   }
+  bool any_out_of_range = false;  // a branch-free pass (it vectorises); the culprit only on error
+  for (int64_t i = 0; i < n; ++i) any_out_of_range |= data[i] >= num_rows;
+  if (any_out_of_range) {
+    const int64_t i = std::find_if(data, data + n, [&](int64_t r) { return r >= num_rows; }) - data;
+    return absl::InvalidArgumentError(absl::StrCat("indices[", i, "] = ", data[i],
+                                                   " is out of range [0, ", num_rows,
+                                                   ") (negative indices are skipped)"));
+  }
+  *rows = data;
   return absl::OkStatus();
 }
 

@@ -53,10 +53,12 @@ inline void PrefetchBytes(const void* p, int64_t bytes, bool write) {
   }
 }
 
-// Reads `indices` (int32 or int64, shape [N] or [N, 1]) into rows: negative entries become -1
-// (skipped), entries >= num_rows are an InvalidArgument naming the first one.
+// Checks `indices` (int32 or int64, shape [N] or [N, 1]): entries >= num_rows are an
+// InvalidArgument naming the first one. *rows points at the indices themselves (int64) or at
+// their int64 copy in `storage` (int32); negative entries stay as they are (the ForEach helpers
+// above skip them).
 absl::Status ReadRowIndices(const tensorflow::Tensor& indices, int64_t n, int64_t num_rows,
-                            std::vector<int64_t>* rows);
+                            std::vector<int64_t>* storage, const int64_t** rows);
 
 // Checks the scalar float32 learning rate and the [N, dim] float32 gradient of an optimizer op.
 absl::Status CheckStepInputs(const tensorflow::Tensor& lr, const tensorflow::Tensor& gradient,
