@@ -318,6 +318,23 @@ OPS = (
         },
         stateful=True,
     ),
+    OpStem(
+        stem="pcie_through",
+        seed_ops=("pcie_through",),
+        tf_ops=("RmaSwapMultiTables", "HostChannel", "HostChannelPush", "HostChannelPop",
+                "HostChannelSize", "HostChannelClose"),
+        public=("rma_swap_multi_tables",),
+        gradient="none (moves rows between tables and the host)",
+        reference=("rma_swap_multi_tables",),
+        dtypes=("float32",),
+        index_dtypes=INDEX_DTYPES,
+        bound="memory",
+        bench={
+            "tiny": ({"tables": 2, "table_rows": 100, "swapped": 16, "dim": 8},),
+            "full": ({"tables": 3, "table_rows": 200_000, "swapped": 16384, "dim": 64},),
+        },
+        stateful=True,
+    ),
 )
 
 BY_STEM = {row.stem: row for row in OPS}

@@ -296,7 +296,8 @@ LockedVariables::LockedVariables(OpKernelContext* ctx, int count, const char* co
     }
     if (t->dims() != 2 || (i > 0 && t->shape() != vars_[0]->tensor()->shape())) {
       status_ = absl::InvalidArgumentError(
-          absl::StrCat(names[i], " must be a matrix", i > 0 ? " of var's shape " : "",
+          absl::StrCat(names[i], " must be a matrix", i > 0 ? " of " : "",
+                       i > 0 ? names[0] : "", i > 0 ? "'s shape " : "",
                        i > 0 ? vars_[0]->tensor()->shape().DebugString() : "", ", got ",
                        t->shape().DebugString()));
       return;

@@ -13,6 +13,7 @@ from recops_tf.ops.in_linear_silu import in_linear_silu
 from recops_tf.ops.ln_mul import ln_mul
 from recops_tf.ops.multislice_concat import multislice_concat
 from recops_tf.ops.norm_multiply_dropout import norm_multiply_dropout
+from recops_tf.ops.pcie_through import HostChannel, rma_swap_multi_tables
 from recops_tf.ops.relative_attn_bias import (relative_attn_bias_backward,
                                               relative_attn_bias_pos, relative_attn_bias_time,
                                               toeplitz_position_bias)
@@ -44,4 +45,6 @@ __all__ = [
     "embedding_update_by_address",
     "lazy_adam_update",
     "sgd_update",
+    "HostChannel",
+    "rma_swap_multi_tables",
 ]

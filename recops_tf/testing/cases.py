@@ -23,6 +23,7 @@ from recops_tf.reference import in_linear_silu as ref_in_linear_silu
 from recops_tf.reference import ln_mul as ref_ln_mul
 from recops_tf.reference import multislice_concat as ref_multislice
 from recops_tf.reference import norm_multiply_dropout as ref_nmd
+from recops_tf.reference import pcie_through as ref_pcie
 from recops_tf.reference import relative_attn_bias as ref_rab
 from recops_tf.reference import reverse_sequence as ref_reverse
 from recops_tf.reference import token_mixing as ref_token_mixing
@@ -524,7 +525,38 @@ def fused_sgd(target="variable", table_rows=100, touched=64, dim=8, weight_decay
                 state=lambda: ([fused_var], [ref_var]))
 
 
+def pcie_through(tables=2, table_rows=100, swapped=16, dim=8, dtype=tf.float32, seed=0):
+    """One host swap of `swapped` rows out and `swapped` rows in (some rows both: all reads
+    come first) on `tables` [table_rows, dim] variables, through one channel that carries the
+    swap-out item back in (push, then pop), against the FIFOQueue composite on copies."""
+    rng = np.random.default_rng(seed)
+    init = [rng.standard_normal((table_rows, dim)).astype(np.float32) for _ in range(tables)]
+    fused_tables = [tf.Variable(x) for x in init]
+    ref_tables = [tf.Variable(x) for x in init]
+    swap_out = tf.constant(rng.choice(table_rows, swapped, replace=False), tf.int64)
+    swap_in = tf.constant(rng.choice(table_rows, swapped, replace=False), tf.int64)
+    channel = recops_tf.HostChannel(capacity=2)
+    queue = tf.queue.FIFOQueue(2, [tf.float32])
+
+    def auxiliary():
+        # The channel ops the step does not use: create, push, size, pop, close.
+        fresh = lib().recops_host_channel(capacity=2)
+        lib().recops_host_channel_push(fresh, tf.constant([1.0, 2.0]))
+        tf.debugging.assert_equal(lib().recops_host_channel_size(fresh), tf.constant(1, tf.int64))
+        tf.debugging.assert_equal(lib().recops_host_channel_pop(fresh, dtype=tf.float32),
+                                  tf.constant([1.0, 2.0]))
+        lib().recops_host_channel_close(fresh)
+
+    return Case(f"T={tables} V={table_rows} N={swapped} D={dim}",
+                lambda i, o: recops_tf.rma_swap_multi_tables(i, o, fused_tables, channel,
+                                                             channel),
+                lambda i, o: ref_pcie.rma_swap_multi_tables(i, o, ref_tables, queue, queue),
+                [swap_in, swap_out], [], 2 * 2 * swapped * tables * dim * 4, 0,
+                state=lambda: (fused_tables, ref_tables), auxiliary=auxiliary)
+
+
 BUILDERS = {
+    "pcie_through": pcie_through,
     "concat_jagged_tensor": concat_jagged_tensor,
     "gather_for_rank1": gather_for_rank1,
     "reverse_sequence": reverse_sequence,
