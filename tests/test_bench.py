@@ -70,3 +70,17 @@ def test_loop_mode_keeps_steps_that_return_values():
 
     assert float(bench._looped(lookup, 4)(tf.constant([3.0, 5.0])).numpy()) == 20.0
     assert int(calls.numpy()) == 4
+
+
+def test_collective_benchmark_runs_on_a_tiny_payload(capsys):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools",
+                        "bench_collectives.py")
+    spec = importlib.util.spec_from_file_location("bench_collectives", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--mb", "0.05", "--reps", "1", "--split", "skewed"]) == 0
+    out = capsys.readouterr().out
+    assert "skewed split" in out and out.count("x ") >= 2  # one row per rank

@@ -189,15 +189,25 @@ def _exchange(x, matrix, group):
         return tf.identity(x)
     # Pad every destination chunk to the largest count P (at least 1 row, so that the
     # collective's shape is never empty): row j of chunk d is x[start_d + j], or a zero row.
+    # When every count is P already (an even split), the rows go as they are.
     chunk = tf.maximum(tf.reduce_max(matrix), 1)
+    even = tf.reduce_all(tf.equal(matrix, chunk))
     j = tf.range(chunk)
-    starts = tf.cumsum(counts, exclusive=True)
-    source = tf.where(j[None, :] < counts[:, None], starts[:, None] + j[None, :], tf.shape(x)[0])
-    zero_row = tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)
-    padded = tf.gather(tf.concat([x, zero_row], 0), tf.reshape(source, [-1]))
-    received = group.all_to_all_equal(padded)  # chunk s (P rows) came from rank s
-    keep = tf.reshape(j[None, :] < recv_counts[:, None], [-1])
-    return tf.gather(received, tf.reshape(tf.where(keep), [-1]))
+
+    def pad():
+        starts = tf.cumsum(counts, exclusive=True)
+        source = tf.where(j[None, :] < counts[:, None], starts[:, None] + j[None, :],
+                          tf.shape(x)[0])
+        zero_row = tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)
+        return tf.gather(tf.concat([x, zero_row], 0), tf.reshape(source, [-1]))
+
+    received = group.all_to_all_equal(tf.cond(even, lambda: tf.identity(x), pad))
+
+    def unpad():  # chunk s (P rows) came from rank s
+        keep = tf.reshape(j[None, :] < recv_counts[:, None], [-1])
+        return tf.gather(received, tf.reshape(tf.where(keep), [-1]))
+
+    return tf.cond(even, lambda: tf.identity(received), unpad)
 
 
 def _all_to_all_matrix(x, matrix, group):

@@ -322,34 +322,44 @@ def _scenario_strategy(group, out_dir):
          plain=plain(tf.constant(send, tf.float32), counts).numpy().astype(np.float64))
 
 
+def _median_seconds(fn, reps):
+    fn()  # warm-up (traces, connects)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 def _scenario_bench(group, out_dir):
+    """all_to_all of RECOPS_BENCH_MB per worker (1 KiB rows), an even or a skewed split
+    (RECOPS_BENCH_SPLIT: rank d gets a share proportional to d + 1), against TensorFlow's equal
+    all-to-all of the same bytes and a local copy of them."""
     import tensorflow as tf
 
     from recops_tf import distributed as dist
 
     megabytes = float(os.environ.get("RECOPS_BENCH_MB", "64"))
     reps = int(os.environ.get("RECOPS_BENCH_REPS", "5"))
+    split = os.environ.get("RECOPS_BENCH_SPLIT", "even")
     world = group.world_size
-    rows = int(megabytes * 2 ** 20 / 1024)  # 1 KiB rows of 256 float32
+    rows = int(megabytes * 2 ** 20 / 1024)
     rows -= rows % world
+    share = np.ones(world) if split == "even" else np.arange(1, world + 1, dtype=np.float64)
+    counts = np.floor(share / share.sum() * rows).astype(np.int64)
+    counts[-1] += rows - counts.sum()
     x = tf.random.uniform([rows, 256])
-    counts = tf.constant([rows // world] * world)
     a2a = tf.function(lambda x, c: dist.all_to_all(x, c)[0])
-    times = []
-    for _ in range(reps + 1):
-        start = time.perf_counter()
-        a2a(x, counts).numpy()
-        times.append(time.perf_counter() - start)
-    local = np.empty(rows * 256, np.float32)
+    equal = tf.function(group.all_to_all_equal)
+    seconds = _median_seconds(lambda: a2a(x, counts).numpy(), reps)
+    equal_seconds = _median_seconds(lambda: equal(x).numpy(), reps)
     source = np.random.default_rng(0).random(rows * 256, dtype=np.float32)
-    copies = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        np.copyto(local, source)
-        copies.append(time.perf_counter() - start)
-    save(out_dir, group.rank, seconds=np.array(sorted(times[1:])[len(times[1:]) // 2]),
-         first=np.array(times[0]), copy_seconds=np.array(np.median(copies)),
-         nbytes=np.array(rows * 1024))
+    local = np.empty_like(source)
+    copy_seconds = _median_seconds(lambda: np.copyto(local, source), reps)
+    save(out_dir, group.rank, seconds=np.array(seconds), equal_seconds=np.array(equal_seconds),
+         copy_seconds=np.array(copy_seconds), payload_bytes=np.array(rows * 1024),
+         moved_bytes=np.array(world * int(counts.max()) * 1024))
 
 
 SCENARIOS = {"collectives": _scenario_collectives, "dead_worker": _scenario_dead_worker,
