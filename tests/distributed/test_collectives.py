@@ -193,3 +193,23 @@ def test_matrix_must_count_elements_of_whole_rows():
 def test_group_arguments_are_checked(bad, message):
     with pytest.raises(ValueError, match=message):
         dist.Group(**bad)
+
+
+def test_seed_forms_on_one_rank():
+    group = dist.Group(0, 1)
+    table = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    got = dist.lccl_gather_all(table, [2, 0], [[4]], 2, group=group)
+    np.testing.assert_array_equal(got.numpy(), [[5, 6], [1, 2]])
+    out = dist.lccl_all_uss(table, [[6]], [1, 1, 0], 2, 2, group=group)
+    np.testing.assert_array_equal(out.numpy(), [[5, 6], [4, 6]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"\[rank_size, rank_size\]"):
+        dist.lccl_all_to_all(table, [[6, 0]], 2, group=group)
+
+
+def test_sharded_embedding_on_one_rank_is_a_dynamic_embedding():
+    group = dist.Group(0, 1)
+    sharded = dist.ShardedEmbedding(3, group=group, seed=5)
+    plain = recops_tf.layers.DynamicEmbedding(3, seed=5)
+    keys = tf.ragged.constant([[4, 9, 4], [], [7]], tf.int64)
+    np.testing.assert_array_equal(sharded(keys, training=True).flat_values.numpy(),
+                                  plain(keys, training=True).flat_values.numpy())
