@@ -88,7 +88,11 @@ class TFBuildExt(build_ext):
         with open(stamp_path, "w") as f:
             f.write(stamp)
         self.compiler.link_shared_object(objects, out_path, extra_postargs=self._link_flags)
-        info = {"tf_version": self._tf_version, "python": sys.version.split()[0]}
+        flags = [f for f in self._compile_flags
+                 if not f.startswith(("/", "-I")) and f != "-isystem"]
+        info = {"tf_version": self._tf_version, "python": sys.version.split()[0],
+                "compiler": " ".join(self.compiler.compiler_so[:1]),
+                "compile_flags": " ".join(flags)}
         info_dirs = {os.path.dirname(out_path)}
         if self.inplace or getattr(self, "editable_mode", False):
             info_dirs.add(os.path.join(ROOT, "recops_tf"))  # the in-place copy of the .so

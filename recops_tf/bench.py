@@ -202,6 +202,68 @@ def format_table(report):
     return "\n".join(lines)
 
 
+def markdown_table(report):
+    """The report as a markdown table (one row per stem, case and mode)."""
+    c = report["ceilings"]
+    lines = [f"Measured ceilings: copy {c['copy_GBps']:.1f} GB/s one thread, "
+             f"{c['copy_threaded_GBps']:.1f} GB/s all cores; matmul "
+             f"{c['matmul_GFLOPs']:.0f} GFLOP/s. TensorFlow {report['machine']['tensorflow']}, "
+             f"size {report['size']}, median of {report['reps']}"
+             + (f", stateful steps in graph loops of {report['loop']}" if report.get("loop")
+                else "") + ".",
+             "",
+             "| stem | case | mode | fused ms | reference ms | speedup | rate | % of ceiling |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['stem']} | {r['case']} | {r['mode']} | {r['fused_ms']:.3f} | "
+                     f"{r['reference_ms']:.3f} | {r['speedup']:.2f}x | "
+                     f"{r['rate']:.2f} {r['unit']} | {100 * r['fraction_of_ceiling']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def speedup_chart(report, path):
+    """A horizontal bar chart of the speedups (log scale) as a PNG; needs matplotlib (the
+    ``chart`` extra). Returns False when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    labels = [f"{r['stem']} {r['case'][:28]} ({r['mode']})" for r in rows]
+    values = [r["speedup"] for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 0.28 * len(rows) + 1.2))
+    ax.barh(range(len(rows)), values, color=["#2a7" if v >= 1 else "#c44" for v in values])
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("speedup over the stock-TF composite (log scale)")
+    ax.set_title("recops_tf fused ops vs stock TensorFlow")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+README_START, README_END = "<!-- bench table: start -->", "<!-- bench table: end -->"
+
+
+def update_readme(report, path):
+    """Replaces the README's generated benchmark section (between the markers) with the
+    report's table."""
+    with open(path) as f:
+        text = f.read()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{path} has no {README_START} ... {README_END} section")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    with open(path, "w") as f:
+        f.write(head + README_START + "\n" + markdown_table(report) + README_END + tail)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="recops-tf bench", description=__doc__.split("\n")[0])
     parser.add_argument("stems", nargs="*", help="stems to run (default: all)")
@@ -215,12 +277,35 @@ def main(argv=None):
                              "optimizer steps) per step in graph loops of STEPS steps, "
                              "without the tf.function call cost (default: per call)")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--ops", nargs="+", default=[], metavar="STEM",
+                        help="stems to run (as the positional list)")
+    parser.add_argument("--out", help="write the report as a markdown table here")
+    parser.add_argument("--chart", help="write a PNG bar chart of the speedups here "
+                                        "(needs matplotlib: pip install 'recops_tf[chart]')")
+    parser.add_argument("--update-readme", metavar="README",
+                        help="replace the generated benchmark table of this README")
     args = parser.parse_args(argv)
     if args.loop < 0:
         parser.error("--loop must be >= 0")
-    report = run(args.stems or None, args.size, args.warmup, args.reps, args.json_path,
+    if args.chart:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--chart needs matplotlib: pip install 'recops_tf[chart]'")
+    stems = list(args.stems) + list(args.ops)
+    report = run(stems or None, args.size, args.warmup, args.reps, args.json_path,
                  progress=not args.no_progress, dtype=args.dtype, loop=args.loop)
     print(format_table(report))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(markdown_table(report))
+        print(f"wrote {args.out}")
+    if args.chart:
+        speedup_chart(report, args.chart)
+        print(f"wrote {args.chart}")
+    if args.update_readme:
+        update_readme(report, args.update_readme)
+        print(f"updated {args.update_readme}")
     return 0
 
 

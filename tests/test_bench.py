@@ -84,3 +84,30 @@ def test_collective_benchmark_runs_on_a_tiny_payload(capsys):
     assert module.main(["--mb", "0.05", "--reps", "1", "--split", "skewed"]) == 0
     out = capsys.readouterr().out
     assert "skewed split" in out and out.count("x ") >= 2  # one row per rank
+
+
+def test_report_chart_and_readme_table(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\nbefore\n" + bench.README_START + "\nold table\n" + bench.README_END
+                      + "\nafter\n")
+    report, chart = tmp_path / "report.md", tmp_path / "speedups.png"
+    assert cli.main(["bench", "--ops", "reverse_sequence", "ln_mul", "--size", "tiny",
+                     "--reps", "1", "--warmup", "0", "--no-progress", "--out", str(report),
+                     "--chart", str(chart), "--update-readme", str(readme)]) == 0
+    table = report.read_text()
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert lines[0].startswith("| stem | case | mode")
+    assert {line.split(" | ")[0][2:] for line in lines[1:]} == {"reverse_sequence", "ln_mul"}
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = readme.read_text()
+    assert "old table" not in text and table in text
+    assert text.startswith("# x\n\nbefore\n") and text.endswith("\nafter\n")
+
+
+def test_readme_without_markers_is_an_error(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    import pytest
+
+    with pytest.raises(ValueError, match="has no"):
+        bench.update_readme({"rows": [], "ceilings": {}}, str(readme))
