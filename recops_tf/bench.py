@@ -232,9 +232,10 @@ def speedup_chart(report, path):
     import matplotlib.pyplot as plt
 
     rows = report["rows"]
-    labels = [f"{r['stem']} {r['case'][:28]} ({r['mode']})" for r in rows]
+    modes = {"forward": "fwd", "forward+backward": "fwd+bwd"}
+    labels = [f"{r['stem']} {r['case'][:30]} ({modes.get(r['mode'], 'step')})" for r in rows]
     values = [r["speedup"] for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 0.28 * len(rows) + 1.2))
+    fig, ax = plt.subplots(figsize=(12, 0.28 * len(rows) + 1.2))
     ax.barh(range(len(rows)), values, color=["#2a7" if v >= 1 else "#c44" for v in values])
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
