@@ -4,12 +4,12 @@
 #include <array>
 #include <cmath>
 #include <memory>
-#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/common/dispatch.h"
 #include "kernels/common/dtypes.h"
 #include "kernels/common/parallel.h"
@@ -93,8 +93,32 @@ RECOPS_HSTU_SETS(double, double, F64)
 #undef RECOPS_HSTU_SETS
 #undef RECOPS_HSTU_SET
 
-// Attributes and validated inputs shared by the forward and backward kernels. Input indices
-// are those of the forward op; the backward's are shifted by one (grad comes first).
+// The relative bias's time buckets for one number of buckets (the exact bucketizer and its
+// table), immutable once built: calls share them.
+struct HstuBuckets {
+  HstuBuckets(double divisor, int64_t num_buckets)
+      : num_buckets(num_buckets), exact(divisor, num_buckets), table(exact) {}
+  const int64_t num_buckets;
+  const Bucketizer exact;
+  const BucketTable table;
+};
+
+// One call's validated problem and the vectors it points into. Per call, not per kernel
+// instance: TF runs concurrent Compute calls on one kernel (one tf.function called from
+// several threads, inter-op parallelism), which must share nothing mutable.
+struct HstuCall {
+  HstuCall() = default;
+  HstuCall(const HstuCall&) = delete;  // p points into the vectors
+  HstuCall& operator=(const HstuCall&) = delete;
+
+  HstuProblem p;
+  std::vector<int64_t> off_q, off_k, num_context, num_target, timestamps;
+  std::shared_ptr<const HstuBuckets> buckets;
+};
+
+// Attributes (read only after construction) and the validation shared by the forward and
+// backward kernels. Input indices are those of the forward op; the backward's are shifted by
+// one (grad comes first).
 class HstuBase : public OpKernel {
  public:
   explicit HstuBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -132,21 +156,25 @@ class HstuBase : public OpKernel {
 
  protected:
   // Validates inputs first..first+8 (q, k, v, offsets_q, offsets_k, num_context, num_target,
-  // mask, attn_bias) and fills problem_ (pointing into the vectors below).
-  absl::Status Prepare(OpKernelContext* ctx, int first) {
+  // mask, attn_bias) and fills call->p (pointing into call's vectors).
+  absl::Status Prepare(OpKernelContext* ctx, int first, HstuCall* call) const {
     std::array<const Tensor*, 9> in;
     for (int i = 0; i < 9; ++i) in[i] = &ctx->input(first + i);
-    return Prepare(in);
+    return Prepare(in, call);
   }
 
-  absl::Status Prepare(const std::array<const Tensor*, 9>& in) {
+  absl::Status Prepare(const std::array<const Tensor*, 9>& in, HstuCall* call) const {
     const Tensor& q = *in[0];
     const Tensor& k = *in[1];
     const Tensor& v = *in[2];
     TF_RETURN_IF_ERROR(CheckRank(q, "q", 3));
     TF_RETURN_IF_ERROR(CheckRank(k, "k", 3));
     TF_RETURN_IF_ERROR(CheckRank(v, "v", 3));
-    HstuProblem& p = problem_;
+    HstuProblem& p = call->p;
+    const std::vector<int64_t>& off_q = call->off_q;
+    const std::vector<int64_t>& off_k = call->off_k;
+    const std::vector<int64_t>& contexts = call->num_context;
+    const std::vector<int64_t>& targets = call->num_target;
     p.heads_q = q.dim_size(1);
     p.heads_k = k.dim_size(1);
     p.dim_qk = q.dim_size(2);
@@ -165,19 +193,19 @@ class HstuBase : public OpKernel {
           "the number of query heads (", p.heads_q,
           ") must be a positive multiple of the number of key/value heads (", p.heads_k, ")"));
     }
-    TF_RETURN_IF_ERROR(ReadOffsets(*in[3], "seq_offsets", q.dim_size(0), &off_q_));
+    TF_RETURN_IF_ERROR(ReadOffsets(*in[3], "seq_offsets", q.dim_size(0), &call->off_q));
     TF_RETURN_IF_ERROR(
-        ReadOffsets(*in[4], "seq_offsets_k", k.dim_size(0), &off_k_));
-    if (off_q_.size() != off_k_.size()) {
+        ReadOffsets(*in[4], "seq_offsets_k", k.dim_size(0), &call->off_k));
+    if (off_q.size() != off_k.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "seq_offsets and seq_offsets_k must have the same length, got ", off_q_.size(),
-          " and ", off_k_.size()));
+          "seq_offsets and seq_offsets_k must have the same length, got ", off_q.size(),
+          " and ", off_k.size()));
     }
-    p.batch = static_cast<int64_t>(off_q_.size()) - 1;
+    p.batch = static_cast<int64_t>(off_q.size()) - 1;
     p.max_q = max_q_;
     p.max_k = max_k_;
     for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t lq = off_q_[b + 1] - off_q_[b], lk = off_k_[b + 1] - off_k_[b];
+      const int64_t lq = off_q[b + 1] - off_q[b], lk = off_k[b + 1] - off_k[b];
       if (lq > max_q_) {
         return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " has length ", lq,
                                                        " > max_seq_len = ", max_q_));
@@ -192,25 +220,26 @@ class HstuBase : public OpKernel {
             "): queries are the last positions of the key sequence"));
       }
     }
-    TF_RETURN_IF_ERROR(ReadCounts(*in[5], "num_context", &ctx_));
-    TF_RETURN_IF_ERROR(ReadCounts(*in[6], "num_target", &tgt_));
-    if ((!ctx_.empty() || !tgt_.empty()) && mask_type_ != HstuMask::kCausal) {
+    TF_RETURN_IF_ERROR(ReadCounts(*in[5], "num_context", p.batch, &call->num_context));
+    TF_RETURN_IF_ERROR(ReadCounts(*in[6], "num_target", p.batch, &call->num_target));
+    if ((!contexts.empty() || !targets.empty()) && mask_type_ != HstuMask::kCausal) {
       return absl::InvalidArgumentError(
           "num_context / num_target need mask_type 'causal'");
     }
-    for (int64_t b = 0; b < p.batch && (!ctx_.empty() || !tgt_.empty()); ++b) {
-      const int64_t c = ctx_.empty() ? 0 : ctx_[b], t = tgt_.empty() ? 0 : tgt_[b];
-      const int64_t lq = off_q_[b + 1] - off_q_[b];
+    for (int64_t b = 0; b < p.batch && (!contexts.empty() || !targets.empty()); ++b) {
+      const int64_t c = contexts.empty() ? 0 : contexts[b];
+      const int64_t t = targets.empty() ? 0 : targets[b];
+      const int64_t lq = off_q[b + 1] - off_q[b];
       if (c + t > lq || c + t >= max_q_) {
         return absl::InvalidArgumentError(absl::StrCat(
             "num_context[", b, "] + num_target[", b, "] = ", c, " + ", t,
             " must be <= the sequence length (", lq, ") and < max_seq_len (", max_q_, ")"));
       }
     }
-    p.off_q = off_q_.data();
-    p.off_k = off_k_.data();
-    p.num_context = ctx_.empty() ? nullptr : ctx_.data();
-    p.num_target = tgt_.empty() ? nullptr : tgt_.data();
+    p.off_q = off_q.data();
+    p.off_k = off_k.data();
+    p.num_context = contexts.empty() ? nullptr : contexts.data();
+    p.num_target = targets.empty() ? nullptr : targets.data();
     p.group = group_;
     p.mask_type = mask_type_;
     p.window_left = window_left_;
@@ -235,10 +264,11 @@ class HstuBase : public OpKernel {
   }
 
   // The relative bias inputs first..first+2 (timestamps, time weights, position weights),
-  // after Prepare: fills the problem's and `t`'s relative-bias fields.
+  // after Prepare: fills call->p's and `t`'s relative-bias fields.
   template <typename T>
-  absl::Status PrepareRelBias(OpKernelContext* ctx, int first, HstuTensors<T>* t) {
-    HstuProblem& p = problem_;
+  absl::Status PrepareRelBias(OpKernelContext* ctx, int first, HstuCall* call,
+                              HstuTensors<T>* t) const {
+    HstuProblem& p = call->p;
     p.time_bias = time_bias_;
     p.pos_bias = pos_bias_;
     p.hist_buckets = 0;
@@ -252,10 +282,10 @@ class HstuBase : public OpKernel {
     const Tensor& time_w = ctx->input(first + 1);
     const Tensor& pos_w = ctx->input(first + 2);
     if (time_bias_) {
-      const int64_t rows_k = off_k_.back();
+      const int64_t rows_k = call->off_k.back();
       TF_RETURN_IF_ERROR(CheckRank(ts, "timestamps", 1));
-      TF_RETURN_IF_ERROR(ReadInt64Vector(ts, "timestamps", &timestamps_));
-      if (static_cast<int64_t>(timestamps_.size()) != rows_k) {
+      TF_RETURN_IF_ERROR(ReadInt64Vector(ts, "timestamps", &call->timestamps));
+      if (static_cast<int64_t>(call->timestamps.size()) != rows_k) {
         return absl::InvalidArgumentError(absl::StrCat(
             "timestamps must have one entry per key row (", rows_k, "), got shape ",
             ts.shape().DebugString()));
@@ -266,15 +296,12 @@ class HstuBase : public OpKernel {
         return absl::InvalidArgumentError(
             "time_bias_weights must have at least one bucket, got shape [0]");
       }
-      if (!bucketizer_ || bucketizer_buckets_ != num_buckets) {
-        bucketizer_.emplace(divisor_, num_buckets);
-        bucket_table_.emplace(*bucketizer_);
-        bucketizer_buckets_ = num_buckets;
-      }
-      p.bucketizer = &*bucketizer_;
-      p.bucket_table = bucket_table_->usable() ? &*bucket_table_ : nullptr;
-      p.hist_buckets = bucketizer_->reachable() + 1;
-      t->timestamps = timestamps_.data();
+      call->buckets = Buckets(num_buckets);
+      const HstuBuckets& buckets = *call->buckets;
+      p.bucketizer = &buckets.exact;
+      p.bucket_table = buckets.table.usable() ? &buckets.table : nullptr;
+      p.hist_buckets = buckets.exact.reachable() + 1;
+      t->timestamps = call->timestamps.data();
       t->time_w = Ptr<T>(time_w);
     }
     if (pos_bias_) {
@@ -290,12 +317,13 @@ class HstuBase : public OpKernel {
   }
 
   // num_context / num_target: empty (not given) or one non-negative count per sequence.
-  absl::Status ReadCounts(const Tensor& t, const char* name, std::vector<int64_t>* out) {
+  static absl::Status ReadCounts(const Tensor& t, const char* name, int64_t batch,
+                                 std::vector<int64_t>* out) {
     TF_RETURN_IF_ERROR(ReadInt64Vector(t, name, out));
     if (out->empty()) return absl::OkStatus();
-    if (static_cast<int64_t>(out->size()) != problem_.batch) {
+    if (static_cast<int64_t>(out->size()) != batch) {
       return absl::InvalidArgumentError(absl::StrCat(name, " must have one entry per sequence (",
-                                                     problem_.batch, "), got ", out->size()));
+                                                     batch, "), got ", out->size()));
     }
     for (size_t b = 0; b < out->size(); ++b) {
       if ((*out)[b] < 0) {
@@ -311,12 +339,20 @@ class HstuBase : public OpKernel {
     return t.NumElements() ? t.flat<T>().data() : nullptr;
   }
 
-  HstuProblem problem_;
-  std::vector<int64_t> off_q_, off_k_, ctx_, tgt_, timestamps_;
-  // The relative bias's buckets (rebuilt when the number of buckets changes).
-  std::optional<Bucketizer> bucketizer_;
-  std::optional<BucketTable> bucket_table_;
-  int64_t bucketizer_buckets_ = 0;
+  // The buckets for num_buckets time buckets: those of the last call when it had as many,
+  // else new ones (a call keeps its own alive, so replacing them never pulls them from under
+  // a concurrent call).
+  std::shared_ptr<const HstuBuckets> Buckets(int64_t num_buckets) const {
+    absl::MutexLock lock(&buckets_mu_);
+    if (buckets_ == nullptr || buckets_->num_buckets != num_buckets) {
+      buckets_ = std::make_shared<const HstuBuckets>(divisor_, num_buckets);
+    }
+    return buckets_;
+  }
+
+  // The only state a call writes: a cache of the (immutable) buckets.
+  mutable absl::Mutex buckets_mu_;
+  mutable std::shared_ptr<const HstuBuckets> buckets_ ABSL_GUARDED_BY(buckets_mu_);
   double divisor_ = 0.301;
   bool time_bias_ = false, pos_bias_ = false;
   int64_t max_q_, max_k_, group_ = 0, window_left_ = -1, window_right_ = -1;
@@ -352,10 +388,11 @@ class HstuDenseForwardOp : public HstuBase {
   using HstuBase::HstuBase;
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, Prepare(ctx, 0));
+    HstuCall call;
+    OP_REQUIRES_OK(ctx, Prepare(ctx, 0, &call));
     HstuTensors<T> rel;
-    OP_REQUIRES_OK(ctx, PrepareRelBias<T>(ctx, 9, &rel));
-    const HstuProblem& p = problem_;
+    OP_REQUIRES_OK(ctx, PrepareRelBias<T>(ctx, 9, &call, &rel));
+    const HstuProblem& p = call.p;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({ctx->input(0).dim_size(0), p.heads_q, p.dim_v}),
@@ -466,12 +503,14 @@ class HstuPagedForwardOp : public HstuBase {
     });
     const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
     const Tensor empty_t(q.dtype(), TensorShape({0}));
+    HstuCall call;
     OP_REQUIRES_OK(ctx, Prepare({&q, &k_eff, &v_eff, &ctx->input(4), &off_k_t, &empty,
-                                 &ctx->input(8), &empty_t, &empty_t}));
+                                 &ctx->input(8), &empty_t, &empty_t},
+                                &call));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({q.dim_size(0), problem_.heads_q, dim}), &out));
-    RunForward<T>(ctx, problem_, q, k_eff, v_eff, nullptr, nullptr, out);
+                            0, TensorShape({q.dim_size(0), call.p.heads_q, dim}), &out));
+    RunForward<T>(ctx, call.p, q, k_eff, v_eff, nullptr, nullptr, out);
   }
 };
 
@@ -516,10 +555,11 @@ class HstuDenseBackwardOp : public HstuBase {
 
   void Compute(OpKernelContext* ctx) override {
     using Acc = AccumT<T>;
-    OP_REQUIRES_OK(ctx, Prepare(ctx, 1));
+    HstuCall call;
+    OP_REQUIRES_OK(ctx, Prepare(ctx, 1, &call));
     HstuTensors<T> t;
-    OP_REQUIRES_OK(ctx, PrepareRelBias<T>(ctx, 10, &t));
-    const HstuProblem& p = problem_;
+    OP_REQUIRES_OK(ctx, PrepareRelBias<T>(ctx, 10, &call, &t));
+    const HstuProblem& p = call.p;
     const Tensor& grad = ctx->input(0);
     const Tensor& q = ctx->input(1);
     OP_REQUIRES(ctx,
@@ -586,8 +626,8 @@ class HstuFuxiBase : public HstuBase {
   }
 
  protected:
-  // Validates inputs first..first+6 and fills problem_ (with fuxi_bias).
-  absl::Status PrepareFuxi(OpKernelContext* ctx, int first) {
+  // Validates inputs first..first+6 and fills call->p (with fuxi_bias).
+  absl::Status PrepareFuxi(OpKernelContext* ctx, int first, HstuCall* call) const {
     const Tensor& q = ctx->input(first);
     const Tensor& k = ctx->input(first + 1);
     const Tensor& v = ctx->input(first + 2);
@@ -604,12 +644,13 @@ class HstuFuxiBase : public HstuBase {
     const Tensor empty_t(q.dtype(), TensorShape({0}));
     const Tensor& offsets = ctx->input(first + 3);
     TF_RETURN_IF_ERROR(Prepare({&q, &k, &v, &offsets, &offsets, &empty, &empty,
-                                &ctx->input(first + 4), &empty_t}));
-    problem_.fuxi_bias = fuxi_bias_;
+                                &ctx->input(first + 4), &empty_t},
+                               call));
+    call->p.fuxi_bias = fuxi_bias_;
     if (!fuxi_bias_) return absl::OkStatus();
     const Tensor& ts_bias = ctx->input(first + 5);
     const Tensor& pos_bias = ctx->input(first + 6);
-    const TensorShape ts_shape({problem_.batch, max_q_, max_q_}), pos_shape({1, max_q_, max_q_});
+    const TensorShape ts_shape({call->p.batch, max_q_, max_q_}), pos_shape({1, max_q_, max_q_});
     if (ts_bias.shape() != ts_shape || pos_bias.shape() != pos_shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           "timestamp_bias must have shape ", ts_shape.DebugString(),
@@ -629,8 +670,9 @@ class HstuFuxiForwardOp : public HstuFuxiBase {
   using HstuFuxiBase::HstuFuxiBase;
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, PrepareFuxi(ctx, 0));
-    const HstuProblem& p = problem_;
+    HstuCall call;
+    OP_REQUIRES_OK(ctx, PrepareFuxi(ctx, 0, &call));
+    const HstuProblem& p = call.p;
     const Tensor& q = ctx->input(0);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
@@ -654,8 +696,9 @@ class HstuFuxiBackwardOp : public HstuFuxiBase {
 
   void Compute(OpKernelContext* ctx) override {
     using Acc = AccumT<T>;
-    OP_REQUIRES_OK(ctx, PrepareFuxi(ctx, 1));
-    const HstuProblem& p = problem_;
+    HstuCall call;
+    OP_REQUIRES_OK(ctx, PrepareFuxi(ctx, 1, &call));
+    const HstuProblem& p = call.p;
     const Tensor& grad = ctx->input(0);
     const Tensor& q = ctx->input(1);
     const Tensor& k = ctx->input(2);
