@@ -41,11 +41,16 @@ class DynamicEmbeddingTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("has_padding_key", &config_.has_padding_key));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("padding_key", &config_.padding_key));
     OP_REQUIRES_OK(ctx, RowInitializer::Parse(initializer, a, b, seed, &config_.init));
-    const int64_t row_bytes = config_.dim * (1 + config_.num_slots) * 4;
-    OP_REQUIRES(ctx, row_bytes <= (int64_t{1} << 30),
+    // Rows of at most 2^28 floats (1 GiB), blocks of at most 16 GiB; checked by division so
+    // that no product of user values can overflow.
+    constexpr int64_t kMaxWidth = int64_t{1} << 28;
+    OP_REQUIRES(ctx, config_.num_slots < kMaxWidth &&
+                         config_.dim <= kMaxWidth / (1 + config_.num_slots),
                 absl::InvalidArgumentError(absl::StrCat(
-                    "rows of dim * (1 + num_slots) = ", row_bytes / 4, " floats are too wide")));
-    OP_REQUIRES(ctx, config_.block_rows * row_bytes <= (int64_t{1} << 34),
+                    "rows of dim * (1 + num_slots) = ", config_.dim, " * (1 + ",
+                    config_.num_slots, ") floats are too wide (at most ", kMaxWidth, ")")));
+    const int64_t row_bytes = config_.dim * (1 + config_.num_slots) * 4;
+    OP_REQUIRES(ctx, config_.block_rows <= (int64_t{1} << 34) / row_bytes,
                 absl::InvalidArgumentError(absl::StrCat(
                     "block_rows = ", config_.block_rows, " makes blocks over 16 GiB")));
   }

@@ -282,6 +282,25 @@ def test_validation_errors():
         recops_tf.DynamicEmbeddingTable(2**20, block_rows=2**14)
 
 
+@pytest.mark.parametrize("attrs", [
+    dict(dim=2**40, num_slots=2**31 - 1),  # found by the fuzzer: the product overflowed to 0
+    dict(dim=1, num_slots=2**63 - 1),
+    dict(dim=2**62, num_slots=3),
+], ids=["overflow_to_zero", "slots_overflow", "dim_overflow"])
+def test_absurd_row_widths_are_errors_not_crashes(attrs):
+    from recops_tf.ops._common import lib
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="too wide"):
+        lib().recops_dynamic_embedding_table(**attrs)
+
+
+def test_absurd_block_rows_are_an_error():
+    from recops_tf.ops._common import lib
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="over 16 GiB"):
+        lib().recops_dynamic_embedding_table(dim=4, block_rows=2**62)
+
+
 # --- persistence -------------------------------------------------------------------------------
 
 def test_checkpoint_round_trip_and_growth_after_restore(tmp_path):
