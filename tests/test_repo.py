@@ -93,3 +93,19 @@ def test_docstring_examples_run(row):
             runner.run(test)
     assert examples > 0
     assert runner.failures == 0, f"{runner.failures} docstring example(s) failed"
+
+
+def test_public_python_api_matches_record():
+    with open(regen.API_PATH) as f:
+        committed = f.read()
+    assert committed == regen.api_text(), (
+        "A public function's or class's signature differs from tests/golden/api.txt. If the "
+        "change is intended, run `python tools/regen.py api` and commit the diff.")
+
+
+def test_robustness_rules_are_fresh():
+    with open(regen.ROBUSTNESS_PATH) as f:
+        committed = f.read()
+    assert committed == regen.robustness_text(), (
+        "docs/robustness.md's validation rules are stale: run `python tools/regen.py "
+        "robustness` and commit it.")

@@ -1,6 +1,7 @@
-"""Generated artifacts: ``docs/ops.md`` (from the ops table and the wrappers' docstrings) and
-the OpDef golden file ``tests/golden/ops.pbtxt``. Tests compare the committed copies with what
-these functions produce; ``python tools/regen.py docs|golden`` rewrites them on purpose."""
+"""Generated artifacts: ``docs/ops.md`` (from the ops table and the wrappers' docstrings), the
+OpDef golden file ``tests/golden/ops.pbtxt`` and the public Python API record
+``tests/golden/api.txt``. Tests compare the committed copies with what these functions
+produce; ``python tools/regen.py docs|golden|api`` rewrites them on purpose."""
 import inspect
 import os
 
@@ -12,6 +13,11 @@ from recops_tf import _loader, _ops_table
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS_PATH = os.path.join(ROOT, "docs", "ops.md")
 GOLDEN_PATH = os.path.join(ROOT, "tests", "golden", "ops.pbtxt")
+API_PATH = os.path.join(ROOT, "tests", "golden", "api.txt")
+
+# The public namespaces whose signatures the API record pins.
+API_MODULES = ("recops_tf", "recops_tf.layers", "recops_tf.optimizers", "recops_tf.distributed",
+               "recops_tf.recommender")
 
 
 def golden_text():
@@ -54,8 +60,115 @@ def docs_text():
     return "\n".join(out) + "\n"
 
 
+def _signature(obj):
+    try:
+        return str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def api_text():
+    """One line per public name of the API modules: functions with their signatures, classes
+    with their constructor's and their public methods' signatures."""
+    import importlib
+
+    lines = []
+    for module_name in API_MODULES:
+        module = importlib.import_module(module_name)
+        for name in sorted(getattr(module, "__all__", [])):
+            obj = getattr(module, name)
+            qualified = f"{module_name}.{name}"
+            if inspect.isclass(obj):
+                lines.append(f"class {qualified}{_signature(obj.__init__)}")
+                for attr in sorted(vars(obj)):
+                    member = vars(obj)[attr]
+                    if attr.startswith("_") or not callable(member):
+                        continue
+                    if isinstance(member, (staticmethod, classmethod)):
+                        member = member.__func__
+                    lines.append(f"  {qualified}.{attr}{_signature(member)}")
+            elif callable(obj):
+                lines.append(f"def {qualified}{_signature(obj)}")
+    return "\n".join(lines) + "\n"
+
+
+ROBUSTNESS_PATH = os.path.join(ROOT, "docs", "robustness.md")
+RULES_START, RULES_END = "<!-- validation rules: start -->", "<!-- validation rules: end -->"
+
+
+def _messages_of_test_file(path):
+    """The error messages a test file asserts: the ``match=`` of every ``pytest.raises``, and
+    the values of parametrize arguments named ``message`` feeding one."""
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    found = []
+
+    def constant(node):
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value,
+                                                                             str) else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "raises":
+            for kw in node.keywords:
+                if kw.arg == "match" and constant(kw.value):
+                    found.append(constant(kw.value))
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "parametrize"
+                and node.args and constant(node.args[0])):
+            names = [n.strip() for n in constant(node.args[0]).split(",")]
+            if "message" not in names or len(node.args) < 2:
+                continue
+            index = names.index("message")
+            values = node.args[1]
+            for item in getattr(values, "elts", []):
+                parts = getattr(item, "elts", None)
+                if parts is not None and index < len(parts) and constant(parts[index]):
+                    found.append(constant(parts[index]))
+    seen, unique = set(), []
+    for message in found:
+        if message not in seen:
+            seen.add(message)
+            unique.append(message)
+    return unique
+
+
+def robustness_rules_text():
+    """Per stem, the validation rules its tests assert (the messages' regular expressions)."""
+    out = []
+    sources = [(row.stem, os.path.join(ROOT, "tests", "ops", f"test_{row.stem}.py"))
+               for row in _ops_table.OPS]
+    sources.append(("lccl (recops_tf.distributed)",
+                    os.path.join(ROOT, "tests", "distributed", "test_collectives.py")))
+    total = 0
+    for stem, path in sources:
+        if not os.path.exists(path):
+            continue
+        messages = _messages_of_test_file(path)
+        total += len(messages)
+        out += ["", f"### {stem} ({len(messages)} rules, `{os.path.relpath(path, ROOT)}`)", ""]
+        out += [f"- `{m}`" for m in messages]
+    return "\n".join([f"{total} validation rules, each asserted by a test (error type and "
+                      "message):"] + out) + "\n"
+
+
+def robustness_text():
+    """docs/robustness.md with its generated rules section replaced."""
+    with open(ROBUSTNESS_PATH) as f:
+        text = f.read()
+    head, rest = text.split(RULES_START, 1)
+    _, tail = rest.split(RULES_END, 1)
+    return head + RULES_START + "\n" + robustness_rules_text() + RULES_END + tail
+
+
 def write(which):
-    path, text = {"docs": (DOCS_PATH, docs_text), "golden": (GOLDEN_PATH, golden_text)}[which]
+    if which == "robustness":
+        text = robustness_text()
+        with open(ROBUSTNESS_PATH, "w") as f:
+            f.write(text)
+        return ROBUSTNESS_PATH
+    path, text = {"docs": (DOCS_PATH, docs_text), "golden": (GOLDEN_PATH, golden_text),
+                  "api": (API_PATH, api_text)}[which]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text())
