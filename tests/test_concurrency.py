@@ -66,7 +66,7 @@ def stateless_cases():
             yield pytest.param(row.stem, shape, id=f"{row.stem}-{i}")
 
 
-@pytest.mark.parametrize("stem,shape", stateless_cases())
+@pytest.mark.parametrize("stem,shape", list(stateless_cases()))
 def test_one_function_from_many_threads_gives_the_single_threaded_bits(stem, shape):
     case = cases.build(stem, shape)
     fns = {"forward": tf.function(case.fused)}

@@ -378,7 +378,10 @@ def main(argv):
         group = dist.connect([f"127.0.0.1:{p}" for p in ports], rank, timeout=timeout)
     SCENARIOS[scenario](group, out_dir)
     print(json.dumps({"rank": rank, "scenario": scenario, "done": True}), flush=True)
-    return 0
+    # The results are saved: skip the interpreter's teardown, which can crash inside
+    # TensorFlow after a collective was aborted (a dead or silent peer).
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
