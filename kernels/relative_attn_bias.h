@@ -156,9 +156,10 @@ BucketRowAvx512(const BucketTable& table, const int64_t* ts, int64_t ti, int64_t
   for (; c + 8 <= n; c += 8) {
     I64 t;
     std::memcpy(&t, ts + c, sizeof(t));
-    // The unsigned gap: max - min wraps to the exact value modulo 2^64.
+    // The unsigned gap: max - min, subtracted as unsigned (exact modulo 2^64; a signed
+    // subtraction would overflow, undefined behaviour, for gaps over 2^63: UBSan found it).
     const I64 hi = t > ti ? t : ti, lo = t > ti ? ti : t;
-    const U64 a = (U64)(hi - lo);
+    const U64 a = (U64)hi - (U64)lo;
     const U64 a1 = a > 1 ? a : 1;
     const U64 z = (U64)__builtin_ia32_vplzcntq_512_mask((I64)a1, zero, 0xff);
     const U64 sub = ((a1 << z) >> (63 - bits)) - (uint64_t{1} << bits);
