@@ -71,7 +71,9 @@ def matmul_ceiling_gflops(n, warmup=2, reps=5):
     return 2 * n ** 3 / t / 1e9
 
 
-def _vjp(fn, diff, upstream):
+def vjp(fn, diff, upstream):
+    """A tf.function returning fn's outputs and the dense gradients of args[diff] for a fixed
+    upstream: the forward+backward step the benchmark times (and the concurrency test runs)."""
     @tf.function
     def forward_backward(*args):
         args = list(args)
@@ -123,8 +125,8 @@ def bench_case(row, case, warmup, reps, ceilings, loop=0):
         per_call = 1
     if case.diff:
         upstream = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype)
-        modes.append(("forward+backward", _vjp(case.fused, case.diff, upstream),
-                      _vjp(case.benchmark_baseline, case.diff, upstream),
+        modes.append(("forward+backward", vjp(case.fused, case.diff, upstream),
+                      vjp(case.benchmark_baseline, case.diff, upstream),
                       case.bytes_forward + case.bytes_backward,
                       case.flops_forward + case.flops_backward))
     for mode, fused, reference, nbytes, flops in modes:

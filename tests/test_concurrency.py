@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import recops_tf
 from recops_tf import _ops_table
+from recops_tf.bench import vjp
 from recops_tf.testing import cases, upstream_like
 
 THREADS = 8
@@ -38,21 +39,6 @@ def assert_bitwise_equal(got, want, what):
     assert len(got) == len(want), what
     for i, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(g, w, err_msg=f"{what}, output {i}")
-
-
-def vjp(fn, diff, upstream):
-    """fn's outputs and the gradients of args[diff] for a fixed upstream, in one tf.function (as
-    the benchmark times it)."""
-    @tf.function
-    def forward_backward(*args):
-        watched = [args[i] for i in diff]
-        with tf.GradientTape() as tape:
-            tape.watch(watched)
-            out = tf.nest.flatten(fn(*args))
-        grads = tape.gradient(out, watched, output_gradients=upstream)
-        return out, [tf.convert_to_tensor(g) for g in grads]
-
-    return forward_backward
 
 
 def stateless_cases():

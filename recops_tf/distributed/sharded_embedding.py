@@ -40,13 +40,7 @@ class ShardedEmbedding(DynamicEmbedding):
         super().__init__(dim, **kwargs)
         self.group = collectives._group(group)
 
-    def call(self, keys, training=None):
-        training = bool(training)
-        if isinstance(keys, tf.RaggedTensor):
-            return keys.with_flat_values(self.call(keys.flat_values, training=training))
-        keys = tf.convert_to_tensor(keys)
-        if keys.dtype != tf.int64:
-            keys = tf.cast(keys, tf.int64)
+    def _embed(self, keys, training):
         group = self.group
         unique, position = tf.unique(tf.reshape(keys, [-1]))
         owner = tf.cast(tf.math.floormod(unique, group.world_size), tf.int32)

@@ -59,6 +59,11 @@ class DynamicEmbedding(keras.layers.Layer):
         keys = tf.convert_to_tensor(keys)
         if keys.dtype != tf.int64:
             keys = tf.cast(keys, tf.int64)
+        return self._embed(keys, training)
+
+    def _embed(self, keys, training):
+        """The rows of int64 `keys` (a dense tensor of any shape): what a subclass that finds
+        rows elsewhere (ShardedEmbedding) overrides, after call's key handling."""
         addresses = self.table.lookup_addresses(keys, training=training)
         return anchored_lookup(self.table, addresses, self.gradient_anchor)
 

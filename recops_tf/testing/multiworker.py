@@ -213,27 +213,8 @@ def expected_gather_rows(world, me):
     return sum(int(lookup_case(world, s)[1][me]) for s in range(world))
 
 
-def _scenario_dead_worker(group, out_dir):
-    import tensorflow as tf
-
-    from recops_tf import distributed as dist
-
-    counts = np.ones(group.world_size, np.int64)
-    x = tf.ones([group.world_size, 2])
-    dist.all_to_all(x, counts)  # everyone is up
-    if group.rank == 1:
-        os._exit(3)  # dies without a word
-    time.sleep(1.0)
-    start = time.monotonic()
-    try:
-        dist.all_to_all(x, counts)
-        error = "none"
-    except Exception as e:  # noqa: BLE001 - the type is the result
-        error = f"{type(e).__name__}: {e}"
-    save(out_dir, group.rank, error=np.array(error), seconds=np.array(time.monotonic() - start))
-
-
-def _scenario_silent_worker(group, out_dir):
+def _first_all_to_all(group):
+    """One all_to_all every rank joins (everyone is up); returns its input and counts."""
     import tensorflow as tf
 
     from recops_tf import distributed as dist
@@ -241,10 +222,13 @@ def _scenario_silent_worker(group, out_dir):
     counts = np.ones(group.world_size, np.int64)
     x = tf.ones([group.world_size, 2])
     dist.all_to_all(x, counts)
-    if group.rank == 1:  # alive, but never joins the next collective
-        time.sleep(group.timeout + 3)
-        save(out_dir, group.rank, error=np.array("none"), seconds=np.array(0.0))
-        return
+    return x, counts
+
+
+def _save_failed_collective(group, out_dir, x, counts):
+    """Runs an all_to_all a peer will not join; saves the error it ended with and its duration."""
+    from recops_tf import distributed as dist
+
     start = time.monotonic()
     try:
         dist.all_to_all(x, counts)
@@ -252,6 +236,23 @@ def _scenario_silent_worker(group, out_dir):
     except Exception as e:  # noqa: BLE001 - the type is the result
         error = f"{type(e).__name__}: {e}"
     save(out_dir, group.rank, error=np.array(error), seconds=np.array(time.monotonic() - start))
+
+
+def _scenario_dead_worker(group, out_dir):
+    x, counts = _first_all_to_all(group)
+    if group.rank == 1:
+        os._exit(3)  # dies without a word
+    time.sleep(1.0)
+    _save_failed_collective(group, out_dir, x, counts)
+
+
+def _scenario_silent_worker(group, out_dir):
+    x, counts = _first_all_to_all(group)
+    if group.rank == 1:  # alive, but never joins the next collective
+        time.sleep(group.timeout + 3)
+        save(out_dir, group.rank, error=np.array("none"), seconds=np.array(0.0))
+        return
+    _save_failed_collective(group, out_dir, x, counts)
 
 
 def _scenario_sharded(group, out_dir):
