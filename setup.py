@@ -8,11 +8,16 @@ checks before loading.
 
 Rebuild after editing C++:  python setup.py build_ext --inplace
 Parallel compile jobs: RECOPS_BUILD_JOBS (default: number of CPUs, at most 2 per 1.5 GB free).
+Sanitizer build: RECOPS_SANITIZE=address,undefined (any -fsanitize= list) compiles with
+-fsanitize=<list> -fno-omit-frame-pointer -g -O1 -fno-wrapv instead of -O3 -g0, links with
+-fsanitize=<list>, and keeps its objects apart (build/sanitize/<list>) so normal objects are
+never reused. Such a .so loads only with the sanitizer runtimes preloaded: see tools/sanitize.sh.
 """
 import concurrent.futures
 import glob
 import json
 import os
+import re
 import sys
 
 from setuptools import Extension, setup
@@ -20,6 +25,10 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB_NAME = "recops_tf._recops_ops"
+SANITIZE = os.environ.get("RECOPS_SANITIZE", "").strip()
+if SANITIZE and not re.fullmatch(r"[a-z0-9=_-]+(,[a-z0-9=_-]+)*", SANITIZE):
+    raise SystemExit(f"RECOPS_SANITIZE={SANITIZE!r}: expected a -fsanitize= list, "
+                     "e.g. address,undefined")
 
 
 def _sources():
@@ -55,6 +64,21 @@ class TFBuildExt(build_ext):
             "-fno-math-errno",
         ]
         self._link_flags = tf.sysconfig.get_link_flags()
+        if SANITIZE:
+            # Debuggable, instrumented code: frame pointers and -g for readable stack traces,
+            # -O1 so the instrumented build stays fast enough to run the test suite.
+            flags = [f for f in self._compile_flags if f not in ("-O3", "-g0")]
+            # -fno-wrapv: Python's CFLAGS bring -fwrapv, which turns UBSan's signed-overflow
+            # check off; an overflowing index or size in a kernel is a bug either way.
+            self._compile_flags = flags + [
+                f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer", "-g", "-O1", "-fno-wrapv"]
+            if "undefined" in SANITIZE.split(","):
+                # GCC (PR 100313, abseil #1634): these checks imply -fno-delete-null-pointer-checks,
+                # under which absl's constexpr `function pointer == nullptr` (hash_policy_traits.h,
+                # included by TF's op.h) stops compiling. ASan still catches null dereferences.
+                self._compile_flags.append(
+                    "-fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute")
+            self._link_flags = [f"-fsanitize={SANITIZE}"] + self._link_flags
         self.compiler.compiler_so = ["g++"] + [
             a for a in self.compiler.compiler_so[1:] if a not in ("-g", "-O2", "-Wstrict-prototypes")
         ]
@@ -66,6 +90,8 @@ class TFBuildExt(build_ext):
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
         jobs = int(os.environ.get("RECOPS_BUILD_JOBS", str(max(1, min(os.cpu_count() or 1, 2)))))
         build_temp = os.path.join(self.build_temp, "recops")
+        if SANITIZE:  # never mix instrumented and normal objects
+            build_temp = os.path.join(ROOT, "build", "sanitize", SANITIZE.replace(",", "_"))
 
         # Objects newer than their source, every header and the flags are reused (an
         # incremental rebuild compiles only what changed; a clean checkout compiles all).
@@ -83,8 +109,11 @@ class TFBuildExt(build_ext):
             return self.compiler.compile([src], output_dir=build_temp,
                                          extra_postargs=self._compile_flags)[0]
 
+        sources = list(ext.sources)
+        if SANITIZE:  # instrumented TUs take minutes: start the biggest first
+            sources.sort(key=os.path.getsize, reverse=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            objects = list(pool.map(compile_one, ext.sources))
+            objects = list(pool.map(compile_one, sources))
         with open(stamp_path, "w") as f:
             f.write(stamp)
         self.compiler.link_shared_object(objects, out_path, extra_postargs=self._link_flags)
