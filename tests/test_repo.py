@@ -66,19 +66,25 @@ def test_smoke_run_exercises_every_op():
     assert smoke.run_all() == OP_NAMES
 
 
-def test_opdefs_match_golden():
-    with open(regen.GOLDEN_PATH) as f:
-        committed = f.read()
-    assert committed == regen.golden_text(), (
-        "The library's OpDefs differ from tests/golden/ops.pbtxt. If the interface change is "
-        "intended, run `python tools/regen.py golden` and commit the diff.")
+# Generated files: (regen target, committed path, generator, what a difference means).
+GENERATED = [
+    ("golden", regen.GOLDEN_PATH, regen.golden_text,
+     "The library's OpDefs differ from tests/golden/ops.pbtxt (an interface change)"),
+    ("docs", regen.DOCS_PATH, regen.docs_text, "docs/ops.md is stale"),
+    ("api", regen.API_PATH, regen.api_text,
+     "A public function's or class's signature differs from tests/golden/api.txt"),
+    ("robustness", regen.ROBUSTNESS_PATH, regen.robustness_text,
+     "docs/robustness.md's validation rules are stale"),
+]
 
 
-def test_docs_are_fresh():
-    with open(regen.DOCS_PATH) as f:
+@pytest.mark.parametrize("target, path, generate, what", GENERATED, ids=[g[0] for g in GENERATED])
+def test_generated_file_is_fresh(target, path, generate, what):
+    with open(path) as f:
         committed = f.read()
-    assert committed == regen.docs_text(), (
-        "docs/ops.md is stale: run `python tools/regen.py docs` and commit it.")
+    assert committed == generate(), (
+        f"{what}. If the change is intended, run `python tools/regen.py {target}` and commit "
+        "the diff.")
 
 
 @pytest.mark.parametrize("row", _ops_table.OPS, ids=lambda r: r.stem)
@@ -93,19 +99,3 @@ def test_docstring_examples_run(row):
             runner.run(test)
     assert examples > 0
     assert runner.failures == 0, f"{runner.failures} docstring example(s) failed"
-
-
-def test_public_python_api_matches_record():
-    with open(regen.API_PATH) as f:
-        committed = f.read()
-    assert committed == regen.api_text(), (
-        "A public function's or class's signature differs from tests/golden/api.txt. If the "
-        "change is intended, run `python tools/regen.py api` and commit the diff.")
-
-
-def test_robustness_rules_are_fresh():
-    with open(regen.ROBUSTNESS_PATH) as f:
-        committed = f.read()
-    assert committed == regen.robustness_text(), (
-        "docs/robustness.md's validation rules are stale: run `python tools/regen.py "
-        "robustness` and commit it.")
