@@ -1,5 +1,8 @@
 """The benchmark runs end to end on tiny shapes (so it cannot rot); no timing is asserted."""
 import json
+import os
+import re
+import subprocess
 
 from recops_tf import _ops_table, bench, cli
 
@@ -111,3 +114,21 @@ def test_readme_without_markers_is_an_error(tmp_path):
 
     with pytest.raises(ValueError, match="has no"):
         bench.update_readme({"rows": [], "ceilings": {}}, str(readme))
+
+
+def test_lazy_adam_floor_tool_compiles_and_runs_a_tiny_step(tmp_path):
+    # tools/lazy_adam_floor.cc: the memory floor docs/benchmarks.md compares the fused step to.
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                          "lazy_adam_floor.cc")
+    binary = str(tmp_path / "floor")
+    subprocess.run(["g++", "-O2", "-pthread", "-Wall", "-Werror", source, "-o", binary],
+                   check=True, capture_output=True, text=True)
+    out = subprocess.run([binary, "4096", "8", "64", "256", "5"], check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert "64 distinct rows, 256 gradient rows" in out
+    timed = re.findall(r"^(gradient read|rows read-modify-write|both) +min +([\d.]+) us",
+                       out, re.M)
+    assert [name for name, _ in timed] == ["gradient read", "rows read-modify-write", "both"]
+    assert all(float(us) > 0 for _, us in timed)
+    bad = subprocess.run([binary, "10", "8", "11"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
