@@ -21,8 +21,9 @@ namespace recops {
 
 // Calls fn(row, first, next) once for every distinct row >= 0 of rows[0, n) (negative rows are
 // skipped); the occurrences of the row are i = first, next[i], next[next[i]], ... in ascending
-// order, ending at -1. Rows are split among tasks by a hash of the row, so fn never runs for
-// the same row twice at once, and what fn computes does not depend on the thread count.
+// order, ending at -1. Rows are split among tasks by ranges of row numbers, so fn never runs
+// for the same row twice at once, rows near each other are updated in turn (fewer page-table
+// walks), and what fn computes does not depend on the thread count.
 // cost_per_row: work of one call of fn (bytes touched is a fair proxy). prefetch(row), if
 // given, is called a few distinct rows ahead of fn(row) so that the random row accesses of
 // several rows overlap instead of waiting on memory one row at a time.

@@ -6,6 +6,7 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.reference import fused_lazy_adam as ref
 from recops_tf.testing import MODES, assert_close
+from recops_tf.testing.cases import zipf_ids
 
 INDEX_DTYPES = (tf.int32, tf.int64)
 HYPER = dict(beta1=0.9, beta2=0.99, epsilon=1e-7)
@@ -46,6 +47,33 @@ def test_matches_composite(indices, index_dtype, mode):
     touched = {i for i in np.ravel(indices) if i >= 0}
     untouched = [r for r in range(12) if r not in touched]
     for f, x in zip(fused, init):  # lazy: the other rows are bit-identical
+        np.testing.assert_array_equal(f.numpy()[untouched], x[untouched])
+
+
+def _large_batch(kind, n=4096, num_rows=5000):
+    rng = np.random.default_rng(7)
+    if kind == "zipf":
+        return zipf_ids(rng, n, num_rows)
+    if kind == "one_row":
+        return np.full(n, 7)
+    if kind == "narrow_and_far":  # a few low rows and the last one: most ids in one bucket
+        return np.concatenate([rng.integers(0, 8, n - 1), [num_rows - 1]])
+    if kind == "negative_mix":
+        return np.where(rng.random(n) < 0.3, -1, zipf_ids(rng, n, num_rows))
+    return np.arange(n)[::-1]  # "descending": distinct
+
+
+@pytest.mark.parametrize("kind", ["zipf", "one_row", "narrow_and_far", "negative_mix",
+                                  "descending"])
+def test_batches_split_among_threads_match_composite(kind):
+    # 4,096 ids of 8 floats are enough work to be split into tasks by row range (up to one
+    # bucket per hot row); every row must still be updated once with all its gradients.
+    indices = _large_batch(kind)
+    init, fused, composite = run_both(indices, num_rows=5000, dim=8)
+    for f, c in zip(fused, composite):
+        assert_close(f, c, tf.float32)
+    untouched = np.setdiff1d(np.arange(5000), indices)
+    for f, x in zip(fused, init):
         np.testing.assert_array_equal(f.numpy()[untouched], x[untouched])
 
 
