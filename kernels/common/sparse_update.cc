@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -91,16 +92,19 @@ void RunRowTasks(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t c
       n * cost_per_row < 65536
           ? 1
           : std::max<int64_t>(1, std::min<int64_t>(8 * NumThreads(ctx), n / 256));
-  // A stable counting sort of the positions by bucket = the row's top bits (at most 4,096
-  // buckets; the skipped rows last), in scratch of the calling thread kept between calls, used
-  // through local pointers (workers see their own thread_locals, and each access of one in a
-  // shared library costs a call).
-  int64_t max_row = -1;
-  for (int64_t i = 0; i < n; ++i) max_row = std::max(max_row, rows[i]);
+  // A stable counting sort of the positions by bucket = the top bits of the row's offset from
+  // the smallest row (at most 4,096 buckets; the skipped rows last), in scratch of the calling
+  // thread kept between calls, used through local pointers (workers see their own
+  // thread_locals, and each access of one in a shared library costs a call).
+  int64_t min_row = std::numeric_limits<int64_t>::max(), max_row = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    min_row = std::min(min_row, rows[i] < 0 ? min_row : rows[i]);
+    max_row = std::max(max_row, rows[i]);
+  }
   if (max_row < 0) return;
-  const int shift = std::max(0, BitWidth(max_row) - std::min(12, BitWidth(n)));
-  const int64_t buckets = (max_row >> shift) + 1;
-  const auto bucket = [&](int64_t r) { return r < 0 ? buckets : r >> shift; };
+  const int shift = std::max(0, BitWidth(max_row - min_row) - std::min(12, BitWidth(n)));
+  const int64_t buckets = ((max_row - min_row) >> shift) + 1;
+  const auto bucket = [&](int64_t r) { return r < 0 ? buckets : (r - min_row) >> shift; };
   thread_local std::vector<int64_t> order_scratch, end_scratch, cut_scratch;
   order_scratch.resize(n);
   end_scratch.assign(buckets + 2, 0);
