@@ -1,0 +1,78 @@
+"""The evaluation protocol: leave-one-out split, full-catalogue ranks with ties and excluded
+items, HR / NDCG / MRR, and the popularity and Markov baselines."""
+import numpy as np
+import pytest
+
+from recops_tf import recommender as rec
+from recops_tf.recommender import evaluation
+
+
+def _data(histories, num_items):
+    items = [np.array(h, np.int64) for h in histories]
+    stamps = [np.arange(len(h), dtype=np.int64) * 10 for h in histories]
+    return rec.Dataset(items, stamps, num_items, "test",
+                       item_names=np.arange(1, num_items + 1).astype(str))
+
+
+def test_split_holds_out_validation_and_test_items():
+    split = rec.Split.leave_one_out(_data([[1, 2, 3, 4], [5, 6, 7]], 7))
+    train, train_t = split.train()
+    assert [h.tolist() for h in train] == [[1, 2], [5]]
+    assert [t.tolist() for t in train_t] == [[0, 10], [0]]
+    assert [h.tolist() for h in split.history("valid")[0]] == [[1, 2], [5]]
+    assert [h.tolist() for h in split.history("test")[0]] == [[1, 2, 3], [5, 6]]
+    assert split.targets("valid")[0].tolist() == [3, 6]
+    assert split.targets("test")[0].tolist() == [4, 7]
+    assert split.targets("test")[1].tolist() == [30, 20]
+
+
+def test_split_needs_three_interactions():
+    with pytest.raises(ValueError, match="user 1 has 2"):
+        rec.Split.leave_one_out(_data([[1, 2, 3], [1, 2]], 3))
+
+
+def test_ranks_break_ties_by_item_id_and_exclude_seen_items():
+    scores = np.array([[0.5, 0.9, 0.5, 0.1],   # target 3 ties with item 1: rank 2
+                       [0.5, 0.9, 0.5, 0.1],   # target 1 ties with item 3: rank 1
+                       [0.0, 0.0, 0.0, 0.0]])  # all tied: target 4 ranks last
+    assert rec.ranks(scores, [3, 1, 4]).tolist() == [2, 1, 3]
+    # Excluding item 2 (seen) lifts both; the target stays ranked even when "seen".
+    exclude = [np.array([2]), np.array([2, 1]), np.array([1, 2, 3, 4])]
+    assert rec.ranks(scores, [3, 1, 4], exclude).tolist() == [1, 0, 0]
+
+
+def test_ranks_reject_targets_outside_the_catalogue():
+    with pytest.raises(ValueError, match="item ids in 1..2"):
+        rec.ranks(np.zeros((1, 2)), [3])
+
+
+def test_metrics_of_known_ranks():
+    m = rec.metrics([0, 9, 10, 60], ks=(10, 50))
+    assert m["hr@10"] == pytest.approx(0.5)
+    assert m["hr@50"] == pytest.approx(0.75)
+    assert m["ndcg@10"] == pytest.approx((1.0 + 1 / np.log2(11)) / 4)
+    assert m["ndcg@50"] == pytest.approx((1.0 + 1 / np.log2(11) + 1 / np.log2(12)) / 4)
+    assert m["mrr"] == pytest.approx((1 + 1 / 10 + 1 / 11 + 1 / 61) / 4)
+
+
+def test_markov_chain_counts_training_transitions_only():
+    # 1 -> 2 twice and 1 -> 3 once in training; the held-out items (4, 5) never count.
+    split = rec.Split.leave_one_out(_data([[1, 2, 1, 2, 4, 5], [1, 3, 5, 4]], 5))
+    chain = rec.MarkovChain(split, 5)
+    s = chain.scores([np.array([1])])[0]
+    assert np.argmax(s) + 1 == 2 and s[1] > s[2] > s[0]
+    assert s[3] < 1 and s[4] < 1  # 4 and 5 never followed 1 in training: popularity only
+    assert evaluation.popularity_scores(split, 5).tolist() == [3, 2, 1, 0, 0]
+
+
+def test_baselines_on_a_deterministic_chain():
+    # Every user walks 1 -> 2 -> ... -> 6 from a different start: the Markov chain is exact.
+    histories = [[(s + t) % 6 + 1 for t in range(6)] for s in range(6)] * 3
+    split = rec.Split.leave_one_out(_data(histories, 6))
+    b = rec.baselines(split, 6, "test")
+    assert b["markov"]["hr@10"] == 1.0 and b["markov"]["mrr"] == 1.0
+    assert b["popularity"]["mrr"] < 0.7
+    excluded = rec.baselines(split, 6, "test", exclude_seen=True)
+    assert excluded["markov"]["mrr"] == 1.0
+    # With every other item seen, the target is the only candidate left.
+    assert excluded["popularity"]["mrr"] == 1.0
