@@ -1,68 +1,120 @@
-"""The main job end to end on a tiny size: data, training, evaluation, export, a new process
-that recommends, and the command line."""
+"""The main job end to end on tiny sizes: synthetic data, the presets and losses, training with
+validation and early stopping, export of both builds, a new process that recommends,
+TensorBoard summaries, and a run killed mid-epoch and resumed."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from recops_tf import cli
 from recops_tf import recommender as rec
-from recops_tf.recommender import training as train_module
+from recops_tf.recommender import model as model_module
 
 TINY = ["--users", "60", "--items", "40", "--epochs", "1", "--batch-size", "16",
-        "--d-model", "16", "--blocks", "1", "--max-seq-len", "16", "--no-progress"]
+        "--d-model", "16", "--blocks", "1", "--head-dim", "8", "--max-seq-len", "16",
+        "--negatives", "8", "--no-progress"]
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def test_synthetic_data_is_deterministic_and_structured():
-    a, b = rec.synthetic(num_users=50, num_items=30, seed=3), rec.synthetic(50, 30, seed=3)
+def _tiny_config(**overrides):
+    values = dict(epochs=2, batch_size=16, d_model=16, num_blocks=1, head_dim=8,
+                  max_seq_len=16, num_negatives=8)
+    values.update(overrides)
+    return rec.Config.preset(overrides.pop("preset", "hstu"), **values)
+
+
+def test_synthetic_data_is_deterministic_and_needs_a_sequence_model():
+    a, b = rec.synthetic(num_users=300, num_items=100, seed=3), rec.synthetic(300, 100, seed=3)
     assert all(np.array_equal(x, y) for x, y in zip(a.items, b.items))
     assert all(np.array_equal(x, y) for x, y in zip(a.timestamps, b.timestamps))
-    assert min(h.min() for h in a.items) >= 1 and max(h.max() for h in a.items) <= 30
-    assert all(np.all(np.diff(t) >= 0) for t in a.timestamps)
-    # Sequential habits: the most frequent successor of an item follows it often.
-    pairs = np.concatenate([np.stack([h[:-1], h[1:]], 1) for h in a.items])
-    top = max(np.bincount(pairs[pairs[:, 0] == i, 1]).max() / (pairs[:, 0] == i).sum()
-              for i in range(1, 31) if (pairs[:, 0] == i).sum() > 20)
-    assert top > 0.4
+    assert min(h.min() for h in a.items) >= 1 and max(h.max() for h in a.items) <= 100
+    assert all(np.all(np.diff(t) > 0) for t in a.timestamps)
+
+    def best_successor_accuracy(gap):
+        # How often the next item is the most frequent one seen `gap` steps after the item.
+        pairs = np.concatenate([np.stack([h[:-gap], h[gap:]], 1) for h in a.items])
+        counts = np.zeros((101, 101), np.int64)
+        np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)
+        return counts.max(axis=1).sum() / counts.sum()
+
+    # The item two steps back predicts the next one far better than the last item does.
+    assert best_successor_accuracy(2) > 0.35
+    assert best_successor_accuracy(1) < 0.2
 
 
-def test_movielens_and_csv_files(tmp_path):
-    ml = tmp_path / "ratings.dat"
-    ml.write_text("1::10::5::300\n1::20::3::100\n1::30::4::200\n2::10::1::50\n"
-                  "3::20::2::5\n3::40::2::6\n3::10::2::7\n")
-    data = rec.load(str(ml))
-    assert data.num_users == 2  # user 2 has fewer than 3 interactions
-    names = list(data.item_names)
-    assert [names[i - 1] for i in data.items[0]] == ["20", "30", "10"]  # time order
-    assert data.timestamps[0].tolist() == [100, 200, 300]
-    csv = tmp_path / "events.csv"
-    csv.write_text("timestamp,user,item,extra\n3,u,a,x\n1,u,b,x\n2,u,c,x\n")
-    data = rec.load(str(csv))
-    assert [list(data.item_names)[i - 1] for i in data.items[0]] == ["b", "c", "a"]
+def test_presets_and_overrides():
+    large = rec.Config.preset("hstu-large", num_blocks=3)
+    assert (large.num_blocks, large.num_heads, large.head_dim) == (3, 2, 25)
+    assert (large.d_model, large.temperature, large.num_negatives) == (50, 0.05, 128)
+    sasrec = rec.Config.preset("sasrec")
+    assert sasrec.encoder == "sasrec" and not sasrec.relative_bias
+    with pytest.raises(ValueError, match="preset must be one of"):
+        rec.Config.preset("bert4rec")
+    with pytest.raises(ValueError, match="loss must be one of"):
+        rec.Config.preset("hstu", loss="hinge").check()
+    with pytest.raises(ValueError, match="num_negatives must be at least 1"):
+        rec.Config.preset("hstu", num_negatives=0).check()
 
 
-@pytest.mark.parametrize("name,text,message", [
-    ("ratings.dat", "1::10::5::300\n1::20::3\n", r"ratings.dat:2: expected UserID::MovieID"),
-    ("ratings.dat", "1::10::5::later\n", r"ratings.dat:1: timestamp 'later' is not a number"),
-    ("e.csv", "user,item\n1,2\n", r"e.csv:1: the header must name the columns"),
-    ("e.csv", "user,item,timestamp\n1,2\n", r"e.csv:2: expected 3 columns"),
-    ("e.csv", "user,item,timestamp\n1,2,3\n", r"no user has 3 or more"),
-])
-def test_bad_files_name_the_line(tmp_path, name, text, message):
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(rec.DataError, match=message):
-        rec.load(str(path))
+def test_sampled_softmax_masks_accidental_hits():
+    model = rec.GenerativeRecommender(10, d_model=8, num_blocks=1, head_dim=4, max_seq_len=4)
+    items = tf.RaggedTensor.from_row_lengths(tf.constant([1, 2, 3, 4, 5], tf.int64),
+                                             tf.constant([3, 2], tf.int64))
+    states = model({"items": items, "timestamps": items}, training=False)
+    targets = tf.RaggedTensor.from_row_lengths(tf.constant([2, 3, 4, 6, 7], tf.int64),
+                                               tf.constant([3, 2], tf.int64))
+    negatives = tf.constant([[3, 9], [7, 1]], tf.int64)  # 3 and 7 hit a target
+    pos, neg = model_module._positives_and_negatives(model, states, targets, negatives, False)
+    hit = neg.numpy() < -1e8
+    assert hit.tolist() == [[False, False], [True, False], [False, False], [False, False],
+                            [True, False]]
+    # An unmasked logit is the temperature-scaled cosine of state and item.
+    s, e = states.flat_values.numpy(), model.item_embeddings(tf.constant([9]), False).numpy()
+    np.testing.assert_allclose(neg.numpy()[0, 1], s[0] @ e[0] / 0.05, rtol=1e-5)
+    assert np.all(np.abs(pos.numpy()) <= 1 / 0.05 + 1e-3)
 
 
-def test_metrics():
-    ranked = np.array([[3, 1, 2], [1, 2, 3], [2, 3, 1]])
-    hr, ndcg = train_module._metrics(ranked, np.array([3, 3, 9]), k=3)
-    assert hr == pytest.approx(2 / 3)
-    assert ndcg == pytest.approx((1.0 + 1 / np.log2(4)) / 3)
+@pytest.mark.parametrize("preset,loss", [("hstu", "sampled"), ("hstu", "in-batch"),
+                                         ("hstu", "full"), ("sasrec", "sampled")])
+def test_every_loss_and_encoder_trains(preset, loss):
+    data = rec.synthetic(num_users=64, num_items=40, seed=1)
+    result = rec.train(data, _tiny_config(preset=preset, loss=loss, epochs=3), progress=False)
+    assert result.steps == 3 * 4 and result.epochs == 3
+    assert result.last_loss < result.first_loss
+    assert [h["epoch"] for h in result.validation] == [1, 2, 3]
+    for m in (result.test, result.baselines["markov"], result.baselines["popularity"]):
+        assert set(m) == {"hr@10", "ndcg@10", "hr@50", "ndcg@50", "hr@200", "ndcg@200", "mrr"}
+        assert 0 <= m["ndcg@10"] <= m["hr@10"] <= m["hr@50"] <= m["hr@200"] == 1.0
+
+
+def test_early_stopping_keeps_the_best_epoch():
+    data = rec.synthetic(num_users=64, num_items=40, seed=2)
+    # A learning rate this large diverges: validation peaks early, then patience runs out.
+    result = rec.train(data, _tiny_config(epochs=30, patience=2, learning_rate=0.5),
+                       progress=False)
+    scores = [h["ndcg@10"] for h in result.validation]
+    assert result.epochs < 30 and len(scores) == result.best_epoch + 2
+    assert scores[result.best_epoch - 1] == max(scores)
+    # The model returned is the best epoch's: its validation metric is the best one.
+    split = rec.Split.leave_one_out(data)
+    again = rec.evaluate(result.model, split, "valid")
+    assert again["ndcg@10"] == pytest.approx(max(scores), abs=1e-12)
+
+
+def test_hstu_preset_beats_both_baselines_on_synthetic_data():
+    data = rec.synthetic(num_users=500, num_items=120, num_tastes=6, seed=0)
+    config = rec.Config.preset("hstu", epochs=20, batch_size=64, d_model=32, head_dim=32,
+                               max_seq_len=64, num_negatives=32, patience=0, dropout_rate=0.1)
+    result = rec.train(data, config, progress=False)
+    for name in ("markov", "popularity"):
+        assert result.test["hr@10"] > 1.15 * result.baselines[name]["hr@10"], name
+        assert result.test["ndcg@10"] > 1.15 * result.baselines[name]["ndcg@10"], name
 
 
 def test_train_export_and_recommend_in_a_new_process(tmp_path, capsys):
@@ -70,14 +122,15 @@ def test_train_export_and_recommend_in_a_new_process(tmp_path, capsys):
     metrics = tmp_path / "metrics.json"
     assert cli.main(["train", *TINY, "--out", str(out), "--json", str(metrics)]) == 0
     printed = capsys.readouterr().out
-    assert "HR@10" in printed and "popularity" in printed
+    assert "seen items kept" in printed and "seen items excluded" in printed
+    assert "markov" in printed and "popularity" in printed
     result = json.loads(metrics.read_text())
-    assert 0 <= result["hr@10"] <= 1 and result["steps"] == 4
-    assert sorted(os.listdir(out)) == ["info.json", "items.txt", "model.keras", "saved_model"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    assert 0 <= result["test"]["hr@10"] <= 1 and result["steps"] == 4
+    assert sorted(os.listdir(out)) == ["checkpoints", "info.json", "items.txt", "model.keras",
+                                       "run.json", "saved_model"]
     done = subprocess.run([sys.executable, "-m", "recops_tf", "recommend", "--model", str(out),
                            "--history", "1,5,9", "--k", "4"], capture_output=True, text=True,
-                          env=env, timeout=300)
+                          env=_ENV, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.strip().splitlines()]
     assert [r[0] for r in rows] == ["1", "2", "3", "4"]
@@ -93,6 +146,67 @@ def test_train_export_and_recommend_in_a_new_process(tmp_path, capsys):
     assert rec.recommend(str(again), [1, 5, 9], k=4)[0] == items
 
 
+@pytest.mark.parametrize("preset", ["hstu", "sasrec"])
+def test_stock_build_exports_too(tmp_path, preset):
+    out = tmp_path / "stock"
+    assert cli.main(["train", *TINY, "--preset", preset, "--no-fused", "--max-steps", "2",
+                     "--out", str(out)]) == 0
+    module = tf.saved_model.load(str(out / "saved_model"))
+    got = module.recommend(tf.constant([1, 2, 3], tf.int64), tf.constant([1, 2, 3], tf.int64),
+                           tf.constant(5, tf.int32))
+    assert got["items"].shape == [5] and np.all(np.diff(got["scores"].numpy()) <= 0)
+    assert rec.recommend(str(out), [1, 2, 3], k=5)[0] == [str(i) for i in got["items"].numpy()]
+
+
+def test_tensorboard_summaries(tmp_path):
+    logdir = tmp_path / "tb"
+    assert cli.main(["train", *TINY, "--logdir", str(logdir)]) == 0
+    tags = set()
+    for name in os.listdir(logdir):
+        for record in tf.data.TFRecordDataset(str(logdir / name)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            tags.update(v.tag for v in event.summary.value)
+    assert {"train/loss", "train/steps_per_second", "valid/ndcg@10", "valid/hr@10",
+            "valid/mrr"} <= tags
+
+
+def _run(args, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "recops_tf", "train", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_ENV, **kwargs)
+
+
+def test_a_run_killed_mid_epoch_resumes_to_the_same_metrics(tmp_path):
+    args = ["--users", "120", "--items", "50", "--epochs", "3", "--batch-size", "16",
+            "--d-model", "16", "--blocks", "1", "--head-dim", "8", "--max-seq-len", "16",
+            "--negatives", "8", "--patience", "0", "--no-progress", "--checkpoint-every", "2"]
+    whole = _run(args + ["--out", str(tmp_path / "whole"), "--json", str(tmp_path / "a.json")])
+    assert whole.wait(timeout=600) == 0, whole.stdout.read()[-3000:]
+    # The same run, killed (SIGKILL) once it has checkpointed step 10 (in epoch 2 of 3).
+    run = tmp_path / "killed"
+    killed = _run(args + ["--out", str(run), "--json", str(tmp_path / "b.json")])
+    deadline = time.time() + 600
+    while not os.path.exists(run / "checkpoints" / "last" / "ckpt-10.index"):
+        assert killed.poll() is None and time.time() < deadline, "no checkpoint at step 10"
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert not (tmp_path / "b.json").exists()
+    resumed = _run(["--resume", str(run), "--no-progress"])
+    assert resumed.wait(timeout=600) == 0
+    log = resumed.stdout.read()
+    assert "resumed from" in log, log[-3000:]
+    a, b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    assert b["steps"] == a["steps"] == 3 * 8
+    assert b["validation"] == a["validation"]
+    assert b["test"] == a["test"] and b["last_loss"] == a["last_loss"]
+
+
+def test_resume_needs_a_run_directory(tmp_path, capsys):
+    assert cli.main(["train", "--resume", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
 def test_recommend_rejects_unknown_items(tmp_path, capsys):
     out = tmp_path / "m"
     assert cli.main(["train", *TINY, "--max-steps", "1", "--out", str(out)]) == 0
@@ -100,26 +214,25 @@ def test_recommend_rejects_unknown_items(tmp_path, capsys):
     assert "not in the model's catalogue: ['999']" in capsys.readouterr().err
 
 
-def test_train_reports_a_bad_data_file(tmp_path, capsys):
+@pytest.mark.parametrize("text,message", [
+    ("user,item,timestamp\n1,2\n", "bad.csv:2: expected 3 columns"),
+    ("usr,item\n1,2\n", "bad.csv:1: the header has no column 'user'"),
+])
+def test_train_reports_a_bad_data_file(tmp_path, capsys, text, message):
     path = tmp_path / "bad.csv"
-    path.write_text("user,item,timestamp\n1,2\n")
+    path.write_text(text)
     assert cli.main(["train", "--data", str(path), "--no-progress"]) == 2
-    assert "bad.csv:2: expected 3 columns" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_fused_and_stock_models_train_alike():
     data = rec.synthetic(num_users=64, num_items=40, seed=1)
-    results = {}
     for fused in (True, False):
-        config = rec.Config(epochs=2, batch_size=16, d_model=16, num_blocks=1, max_seq_len=16,
-                            use_fused=fused, dropout_rate=0.0)
-        model, losses, _ = rec.train(data, config, progress=False)
-        results[fused] = losses
-    # Different embedding tables (initialised differently), the same model otherwise: the
-    # losses start at log(40) and fall alike.
-    for losses in results.values():
-        assert losses[0] == pytest.approx(np.log(40), rel=0.05)
-        assert losses[-1] < losses[0]
+        result = rec.train(data, _tiny_config(use_fused=fused, dropout_rate=0.0, loss="full"),
+                           progress=False)
+        # The same model on different tables: the losses start at log(40) and fall alike.
+        assert result.first_loss == pytest.approx(np.log(40), rel=0.05)
+        assert result.last_loss < result.first_loss
 
 
 def test_info(capsys):

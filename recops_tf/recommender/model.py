@@ -1,6 +1,17 @@
-"""A sequential (next-item) generative recommender from the library's layers: growing item
-embeddings, a stack of HSTU blocks with a learned relative (time + position) bias, on ragged
-user histories; trained with a softmax over the whole catalogue."""
+"""Sequential (next-item) recommenders for the main job, in one harness:
+
+* ``encoder="hstu"``: the HSTU paper's generative recommender from the library's layers:
+  growing item embeddings (``DynamicEmbedding``), learned positions, a stack of
+  ``HSTUBlock``s with a learned relative (time + position) bias, on ragged histories;
+* ``encoder="sasrec"``: the SASRec baseline from stock Keras layers (learned positions,
+  causal softmax ``MultiHeadAttention``, point-wise feed-forward, pre-LayerNorm), on the same
+  data, loss and training loop.
+
+Both end in the paper's retrieval head: l2-normalised user states and item embeddings, whose
+dot product divided by a temperature is the logit of an item. The loss is a sampled softmax
+over uniform negatives (``sampled``), over negatives drawn from the batch's own targets
+(``in-batch``) or a softmax over the whole catalogue (``full``).
+"""
 import keras
 import numpy as np
 import tensorflow as tf
@@ -9,62 +20,130 @@ from recops_tf.layers.dynamic_embedding import DynamicEmbedding
 from recops_tf.layers.hstu_block import HSTUBlock
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
 
+ENCODERS = ("hstu", "sasrec")
+LOSSES = ("sampled", "in-batch", "full")
+_HIT = -1e9  # the logit of a sampled negative that is the positive itself (masked out)
+
 
 @keras.saving.register_keras_serializable(package="recops_tf")
 class GenerativeRecommender(keras.Model):
-    """Next-item model: ``[B, (L)]`` item ids and timestamps in, ``[B, (L), d_model]`` user
-    states out; ``scores(states)`` rates every catalogue item (ids ``1..num_items``).
+    """Next-item model: ``{"items", "timestamps"}`` ``[B, (L)]`` ragged int64 in, ``[B, (L),
+    d_model]`` user states out (l2-normalised when ``l2_norm``); ``scores(states)`` rates
+    every catalogue item (ids ``1..num_items``; column j is item j + 1).
 
-    ``use_fused=True``: ``DynamicEmbedding`` items (train with
-    ``recops_tf.optimizers.LazyAdam``) and the fused HSTU blocks. ``use_fused=False``: the same
-    model from stock TF (``keras.layers.Embedding``, the blocks' reference paths), for parity
-    and speed comparison.
+    Args:
+      num_items: catalogue size (item ids 1..num_items; 0 is never an item).
+      encoder: ``"hstu"`` or ``"sasrec"``.
+      d_model: item embedding and state width (the paper: 50).
+      num_blocks, num_heads, head_dim: the encoder's depth, heads and per-head q/k/v width.
+      max_seq_len: the longest history (longer ones must be cut to their last items).
+      dropout_rate: input dropout, and the blocks' (HSTU: on ``norm(attention) * u``; SASRec:
+        attention and feed-forward).
+      l2_norm, temperature: the retrieval head (``logit = <s, e> / temperature``; without
+        ``l2_norm`` the raw dot product).
+      relative_bias: HSTU's learned time + position bias (HSTU only).
+      use_fused: ``DynamicEmbedding`` items (train with ``recops_tf.optimizers.LazyAdam``)
+        and the fused HSTU ops; ``False``: ``keras.layers.Embedding`` and the blocks' stock-TF
+        reference paths (SASRec is stock Keras either way, only its embedding changes).
+      seed: of initializers and dropout.
     """
 
-    def __init__(self, num_items, d_model=64, num_blocks=2, num_heads=2, head_dim=32,
-                 max_seq_len=64, dropout_rate=0.1, use_fused=True, seed=0, **kwargs):
+    def __init__(self, num_items, encoder="hstu", d_model=50, num_blocks=2, num_heads=1,
+                 head_dim=50, max_seq_len=200, dropout_rate=0.2, l2_norm=True,
+                 temperature=0.05, relative_bias=True, use_fused=True, seed=0, **kwargs):
         super().__init__(**kwargs)
-        self.num_items, self.d_model, self.num_blocks = int(num_items), int(d_model), num_blocks
-        self.num_heads, self.head_dim, self.max_seq_len = num_heads, head_dim, int(max_seq_len)
-        self.dropout_rate, self.use_fused, self.seed = float(dropout_rate), bool(use_fused), seed
-        init = keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
+        if encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+        if int(num_items) < 1 or int(max_seq_len) < 1 or int(d_model) < 1:
+            raise ValueError("num_items, max_seq_len and d_model must be positive")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.num_items, self.encoder, self.d_model = int(num_items), encoder, int(d_model)
+        self.num_blocks, self.num_heads = int(num_blocks), int(num_heads)
+        self.head_dim, self.max_seq_len = int(head_dim), int(max_seq_len)
+        self.dropout_rate, self.l2_norm = float(dropout_rate), bool(l2_norm)
+        self.temperature, self.relative_bias = float(temperature), bool(relative_bias)
+        self.use_fused, self.seed = bool(use_fused), int(seed)
+        init = keras.initializers.TruncatedNormal(stddev=0.02, seed=seed)
         if self.use_fused:
-            self.item_embedding = DynamicEmbedding(self.d_model, initializer="uniform",
-                                                   seed=seed, name="items")
+            self.item_embedding = DynamicEmbedding(self.d_model, initializer=init, seed=seed,
+                                                   name="items")
         else:
             self.item_embedding = keras.layers.Embedding(self.num_items + 1, self.d_model,
                                                          embeddings_initializer=init,
                                                          name="items")
-        self.blocks = [
-            HSTUBlock(num_heads, head_dim, self.max_seq_len, dropout_rate=self.dropout_rate,
-                      relative_bias=RelativeAttentionBias(self.max_seq_len, name=f"bias_{i}"),
-                      use_fused=self.use_fused, seed=seed + i, name=f"hstu_{i}")
-            for i in range(num_blocks)]
-        self.final_norm = keras.layers.LayerNormalization(name="final_norm")
+        self.positions = keras.layers.Embedding(
+            self.max_seq_len, self.d_model, name="positions",
+            embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02,
+                                                                      seed=seed + 1))
+        self.input_dropout = keras.layers.Dropout(self.dropout_rate, seed=seed + 2,
+                                                  name="input_dropout")
+        if encoder == "hstu":
+            self.blocks = [
+                HSTUBlock(self.num_heads, self.head_dim, self.max_seq_len,
+                          dropout_rate=self.dropout_rate,
+                          relative_bias=(RelativeAttentionBias(self.max_seq_len,
+                                                               name=f"bias_{i}")
+                                         if self.relative_bias else None),
+                          use_fused=self.use_fused, seed=seed + 10 + i, name=f"hstu_{i}")
+                for i in range(self.num_blocks)]
+        else:
+            self.blocks = [_SASRecBlock(self.num_heads, self.head_dim, self.d_model,
+                                        self.dropout_rate, seed + 10 + i, name=f"sasrec_{i}")
+                           for i in range(self.num_blocks)]
+        self.final_norm = (None if self.l2_norm else
+                           keras.layers.LayerNormalization(name="final_norm"))
         self.catalogue = tf.constant(np.arange(1, self.num_items + 1), tf.int64)
 
-    def _embed(self, ids, training):
+    # -- embeddings -------------------------------------------------------------------------
+    def _raw_embed(self, ids, training):
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(self._raw_embed(ids.flat_values, training))
         if self.use_fused:
             return self.item_embedding(ids, training=training)
-        if isinstance(ids, tf.RaggedTensor):
-            return ids.with_flat_values(self.item_embedding(ids.flat_values))
         return self.item_embedding(ids)
 
+    def item_embeddings(self, ids, training=None):
+        """Embeddings of item ids (any shape) as the retrieval head sees them."""
+        e = self._raw_embed(ids, training)
+        return tf.math.l2_normalize(e, axis=-1, epsilon=1e-12) if self.l2_norm else e
+
+    # -- the encoder ------------------------------------------------------------------------
     def call(self, inputs, training=None):
         items, timestamps = inputs["items"], inputs["timestamps"]
-        x = self._embed(items, training) * (self.d_model ** 0.5)
-        for block in self.blocks:
-            x = block(x, timestamps=timestamps, training=training)
-        return x.with_flat_values(self.final_norm(x.flat_values))
+        if not isinstance(items, tf.RaggedTensor):
+            raise TypeError("GenerativeRecommender takes ragged [B, (L)] items and timestamps "
+                            f"(tf.RaggedTensor), got {type(items).__name__}")
+        x = self._raw_embed(items, training).flat_values * (self.d_model ** 0.5)
+        position = tf.ragged.range(items.row_lengths()).flat_values
+        x = self.input_dropout(x + self.positions(position), training=training)
+        x = items.with_flat_values(x)
+        if self.encoder == "hstu":
+            for block in self.blocks:
+                x = block(x, timestamps=timestamps if self.relative_bias else None,
+                          training=training)
+        else:
+            lengths = items.row_lengths()
+            dense = x.to_tensor()
+            for block in self.blocks:
+                dense = block(dense, training=training)
+            x = tf.RaggedTensor.from_tensor(dense, lengths=lengths)
+        states = x.flat_values
+        if self.l2_norm:  # the paper's head: no final LayerNorm, an l2 norm
+            states = tf.math.l2_normalize(states, axis=-1, epsilon=1e-12)
+        else:
+            states = self.final_norm(states)
+        return items.with_flat_values(states)
 
+    # -- the retrieval head -----------------------------------------------------------------
     def item_matrix(self, training=None):
-        """``[num_items, d_model]`` embeddings of items 1..num_items."""
-        return self._embed(self.catalogue, training)
+        """``[num_items, d_model]`` head embeddings of items 1..num_items."""
+        return self.item_embeddings(self.catalogue, training)
 
     def scores(self, states, training=None):
-        """``[N, num_items]`` logits of every catalogue item for ``[N, d_model]`` states
-        (column j is item j + 1)."""
-        return tf.matmul(states, self.item_matrix(training), transpose_b=True)
+        """``[N, num_items]`` logits of every catalogue item for ``[N, d_model]`` states."""
+        return tf.matmul(states, self.item_matrix(training), transpose_b=True) / \
+            self.temperature
 
     def get_build_config(self):
         return {"built": bool(self.built)}
@@ -79,22 +158,93 @@ class GenerativeRecommender(keras.Model):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_items=self.num_items, d_model=self.d_model,
+        config.update(num_items=self.num_items, encoder=self.encoder, d_model=self.d_model,
                       num_blocks=self.num_blocks, num_heads=self.num_heads,
                       head_dim=self.head_dim, max_seq_len=self.max_seq_len,
-                      dropout_rate=self.dropout_rate, use_fused=self.use_fused, seed=self.seed)
+                      dropout_rate=self.dropout_rate, l2_norm=self.l2_norm,
+                      temperature=self.temperature, relative_bias=self.relative_bias,
+                      use_fused=self.use_fused, seed=self.seed)
         return config
 
 
-def next_item_loss(model, items, timestamps, training=True):
+@keras.saving.register_keras_serializable(package="recops_tf")
+class _SASRecBlock(keras.layers.Layer):
+    """SASRec's block (Kang & McAuley, 2018, as generative-recommenders runs it) on dense
+    ``[B, S, d]`` left-aligned sequences: ``q = LN(x)``, ``z = LN(q + MHA(q, x, x))`` with
+    causal softmax attention, ``out = z + dropout(W2 dropout(relu(W1 z)))``. Padding rows are
+    at the end, so a causal query never reads one."""
+
+    def __init__(self, num_heads, head_dim, d_model, dropout_rate, seed, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads, self.head_dim, self.d_model = num_heads, head_dim, d_model
+        self.dropout_rate, self.seed = dropout_rate, seed
+        self.norm_1 = keras.layers.LayerNormalization(epsilon=1e-8, name="attention_norm")
+        self.attention = keras.layers.MultiHeadAttention(num_heads, head_dim,
+                                                         dropout=dropout_rate, seed=seed,
+                                                         name="attention")
+        self.norm_2 = keras.layers.LayerNormalization(epsilon=1e-8, name="ffn_norm")
+        self.ffn_1 = keras.layers.Dense(d_model, activation="relu", name="ffn_1")
+        self.ffn_2 = keras.layers.Dense(d_model, name="ffn_2")
+        self.dropout_1 = keras.layers.Dropout(dropout_rate, seed=seed + 1000)
+        self.dropout_2 = keras.layers.Dropout(dropout_rate, seed=seed + 2000)
+
+    def call(self, x, training=None):
+        q = self.norm_1(x)
+        z = self.norm_2(q + self.attention(q, x, x, use_causal_mask=True, training=training))
+        h = self.dropout_1(self.ffn_1(z), training=training)
+        return z + self.dropout_2(self.ffn_2(h), training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, head_dim=self.head_dim, d_model=self.d_model,
+                      dropout_rate=self.dropout_rate, seed=self.seed)
+        return config
+
+
+def _positives_and_negatives(model, states, targets, negatives, training,
+                             per_position=False):
+    """Logits ``[P]`` of the positives and ``[P, N]`` of the negatives, accidental hits of
+    the positive masked. ``negatives`` are ``[B, N]`` ids shared by a sequence's positions
+    (one ``[B, S, d] x [B, N, d]`` product: B x N embeddings per step) or, with
+    ``per_position``, ``[P, N]`` ids, a set per position (generative-recommenders' sampler:
+    P x N embeddings per step)."""
+    s = states.flat_values
+    pos = tf.reduce_sum(s * model.item_embeddings(targets.flat_values, training), -1)
+    neg_emb = model.item_embeddings(negatives, training)
+    if per_position:
+        neg = tf.einsum("pd,pnd->pn", s, neg_emb)
+        neg = tf.where(tf.equal(targets.flat_values[:, None], negatives),
+                       tf.cast(_HIT, neg.dtype), neg)
+    else:
+        neg = tf.einsum("bsd,bnd->bsn", states.to_tensor(), neg_emb)
+        hit = tf.equal(targets.to_tensor()[:, :, None], negatives[:, None, :])
+        neg = tf.where(hit, tf.cast(_HIT, neg.dtype), neg)
+        neg = tf.RaggedTensor.from_tensor(neg, lengths=states.row_lengths()).flat_values
+    return pos / model.temperature, neg / model.temperature
+
+
+def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, training=True,
+                   per_position=False):
     """Mean softmax cross-entropy of predicting item t+1 from the state at t, over every
-    position of every (ragged) history."""
-    states = model({"items": items, "timestamps": timestamps}, training=training)
-    inputs = states[:, :-1].flat_values
-    targets = items[:, 1:].flat_values - 1
-    logits = model.scores(inputs, training=training)
-    return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits))
+    position of every ragged history ``items`` (``[B, (L + 1)]``: the model reads the first L).
+
+    ``loss``: ``"sampled"`` / ``"in-batch"``: the positive against ``negatives`` (``[B, N]``
+    item ids per sequence, or ``[P, N]`` per position with ``per_position``; a negative equal
+    to the positive is masked); ``"full"``: against every catalogue item.
+    """
+    inputs = {"items": items[:, :-1], "timestamps": timestamps[:, :-1]}
+    targets = items[:, 1:]
+    states = model(inputs, training=training)
+    if loss == "full":
+        logits = model.scores(states.flat_values, training=training)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=targets.flat_values - 1, logits=logits))
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    pos, neg = _positives_and_negatives(model, states, targets, negatives, training,
+                                        per_position)
+    logits = tf.concat([pos[:, None], neg], axis=1)
+    return tf.reduce_mean(tf.reduce_logsumexp(logits, axis=1) - pos)
 
 
 def last_states(model, items, timestamps):

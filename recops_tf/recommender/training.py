@@ -1,5 +1,7 @@
-"""Training, leave-one-out evaluation (HR@10, NDCG@10 against a popularity baseline), export
-and serving of the generative recommender."""
+"""Training of the sequential recommenders: the HSTU paper's recipe as presets, a tf.data
+pipeline over ragged batches, validation every epoch with early stopping, checkpoints that a
+killed run resumes from, TensorBoard summaries; then the test metrics next to the baselines,
+export and serving."""
 import dataclasses
 import json
 import math
@@ -11,119 +13,400 @@ import numpy as np
 import tensorflow as tf
 
 from recops_tf.optimizers.lazy_adam import LazyAdam
-from recops_tf.recommender.model import GenerativeRecommender, last_states, next_item_loss
+from recops_tf.recommender import evaluation
+from recops_tf.recommender.model import (ENCODERS, LOSSES, GenerativeRecommender, last_states,
+                                         next_item_loss)
 
 
 @dataclasses.dataclass
 class Config:
-    epochs: int = 10
+    """Every knob of a run; ``Config.preset(name, **overrides)`` gives the paper's recipes."""
+    preset: str = "hstu"
+    encoder: str = "hstu"
+    epochs: int = 100
     batch_size: int = 128
-    learning_rate: float = 2e-3
-    d_model: int = 64
+    learning_rate: float = 1e-3
+    d_model: int = 50
     num_blocks: int = 2
-    num_heads: int = 2
-    head_dim: int = 32
-    max_seq_len: int = 64
-    dropout_rate: float = 0.1
+    num_heads: int = 1
+    head_dim: int = 50
+    max_seq_len: int = 200
+    dropout_rate: float = 0.2
+    l2_norm: bool = True
+    temperature: float = 0.05
+    loss: str = "sampled"
+    num_negatives: int = 128
+    negatives_per: str = "sequence"  # or "position" (a set per position, as GR samples)
+    relative_bias: bool = True
     use_fused: bool = True
     seed: int = 0
+    patience: int = 10  # epochs without a better validation metric before stopping (0: never)
+    validation_metric: str = "ndcg@10"
+    exclude_seen: bool = False
+    bucket_by_length: bool = False
+    checkpoint_every: int = 0  # > 0: also checkpoint every this many steps
     max_steps: int = 0  # > 0: stop after this many steps (smoke runs)
+
+    @classmethod
+    def preset(cls, name, **overrides):
+        if name not in PRESETS:
+            raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {name!r}")
+        values = dict(PRESETS[name], preset=name)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def check(self):
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        for name in ("epochs", "batch_size", "d_model", "num_blocks", "num_heads", "head_dim",
+                     "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.negatives_per not in ("sequence", "position"):
+            raise ValueError(f"negatives_per must be 'sequence' or 'position', got "
+                             f"{self.negatives_per!r}")
+        if self.loss != "full" and self.num_negatives < 1:
+            raise ValueError(f"num_negatives must be at least 1, got {self.num_negatives}")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"dropout_rate must lie in [0, 1), got {self.dropout_rate}")
+        if not self.temperature > 0 or not self.learning_rate > 0:
+            raise ValueError("temperature and learning_rate must be positive")
+        valid = {f"{m}@{k}" for m in ("hr", "ndcg") for k in evaluation.KS} | {"mrr"}
+        if self.validation_metric not in valid:
+            raise ValueError(f"validation_metric must be one of {sorted(valid)}")
+        return self
+
+
+# The HSTU paper's ML-1M recipes (generative-recommenders' public configs): item embeddings of
+# 50, l2-normalised states and items at temperature 0.05, sampled softmax with 128 uniform
+# negatives, dropout 0.2, Adam at 1e-3, batch 128, 200 items of history.
+PRESETS = {
+    "hstu": dict(encoder="hstu", num_blocks=2, num_heads=1, head_dim=50, relative_bias=True),
+    "hstu-large": dict(encoder="hstu", num_blocks=8, num_heads=2, head_dim=25,
+                       relative_bias=True),
+    "sasrec": dict(encoder="sasrec", num_blocks=2, num_heads=1, head_dim=50,
+                   relative_bias=False),
+}
+
+
+def build_model(config, num_items):
+    return GenerativeRecommender(
+        num_items, encoder=config.encoder, d_model=config.d_model, num_blocks=config.num_blocks,
+        num_heads=config.num_heads, head_dim=config.head_dim, max_seq_len=config.max_seq_len,
+        dropout_rate=config.dropout_rate, l2_norm=config.l2_norm,
+        temperature=config.temperature, relative_bias=config.relative_bias,
+        use_fused=config.use_fused, seed=config.seed)
+
+
+_SPEC = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
 
 
 def _ragged(seqs):
     lengths = np.array([len(s) for s in seqs], np.int64)
-    return tf.RaggedTensor.from_row_lengths(np.concatenate(seqs).astype(np.int64), lengths)
+    values = np.concatenate(seqs).astype(np.int64) if len(seqs) else np.zeros(0, np.int64)
+    return tf.RaggedTensor.from_row_lengths(values, lengths)
 
 
 def _tail(seqs, length):
     return [s[-length:] for s in seqs]
 
 
-_SPEC = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
+def training_data(split, config):
+    """A function of (epoch, steps to skip) returning that epoch's tf.data batches of ragged
+    ``(items, timestamps)``: every user's training sequence (its last ``max_seq_len + 1``
+    items: the model reads the first ones and predicts each next one), in an order that
+    depends only on (seed, epoch), optionally grouped by length. Returns also the number of
+    batches per epoch."""
+    items, stamps = split.train()
+    keep = [u for u, h in enumerate(items) if len(h) >= 2]
+    if not keep:
+        raise ValueError("no user has a training sequence of 2 or more items")
+    items = _tail([items[u] for u in keep], config.max_seq_len + 1)
+    stamps = _tail([stamps[u] for u in keep], config.max_seq_len + 1)
+    base = tf.data.Dataset.from_tensor_slices((_ragged(items), _ragged(stamps)))
+    count, batch = len(items), config.batch_size
+    width = max(1, (config.max_seq_len + 1) // 8)
+
+    def epoch_data(epoch, skip=0):
+        data = base.shuffle(count, seed=config.seed * 100003 + epoch,
+                            reshuffle_each_iteration=False)
+        if config.bucket_by_length:
+            data = data.group_by_window(
+                key_func=lambda i, t: tf.size(i, out_type=tf.int64) // width,
+                reduce_func=lambda key, window: window.ragged_batch(batch),
+                window_size=batch)
+        else:
+            data = data.ragged_batch(batch)
+        return data.skip(skip).prefetch(2)
+
+    if config.bucket_by_length:  # the batch count depends on the grouping: count it once
+        steps = int(epoch_data(0).reduce(np.int64(0), lambda n, _: n + 1))
+    else:
+        steps = math.ceil(count / batch)
+    return epoch_data, steps
 
 
-def build_model(config, num_items):
-    return GenerativeRecommender(num_items, d_model=config.d_model, num_blocks=config.num_blocks,
-                                 num_heads=config.num_heads, head_dim=config.head_dim,
-                                 max_seq_len=config.max_seq_len,
-                                 dropout_rate=config.dropout_rate, use_fused=config.use_fused,
-                                 seed=config.seed)
+def make_optimizer(config):
+    """generative-recommenders' optimizer: Adam(W) with betas (0.9, 0.98), epsilon 1e-8 and no
+    weight decay; LazyAdam (row-sparse, fused) for the growing table of the fused build."""
+    if config.use_fused:
+        return LazyAdam(config.learning_rate, beta_2=0.98, epsilon=1e-8)
+    return keras.optimizers.Adam(config.learning_rate, beta_2=0.98, epsilon=1e-8)
 
 
-def train(dataset, config, progress=True, log=print):
-    """Trains on every user's history but the last item; returns (model, history of losses,
-    seconds)."""
-    tf.keras.utils.set_random_seed(config.seed)
-    histories, stamps, _, _ = dataset.split()
-    # The model sees at most max_seq_len items: train on the most recent ones.
-    histories = _tail(histories, config.max_seq_len)
-    stamps = _tail(stamps, config.max_seq_len)
-    model = build_model(config, dataset.num_items)
-    optimizer = (LazyAdam(config.learning_rate) if config.use_fused
-                 else keras.optimizers.Adam(config.learning_rate))
+def train_step(model, optimizer, generator, config, num_items):
+    """The tf.function of one training step on a ragged batch ``(items, timestamps)`` (each
+    row its last ``max_seq_len + 1`` items); draws the step's negatives from `generator`:
+    ``config.num_negatives`` per sequence (or per position), uniform over the catalogue (``sampled``) or over
+    the batch's targets (``in-batch``). Returns the loss."""
+    n_neg, per_position = config.num_negatives, config.negatives_per == "position"
 
     @tf.function(input_signature=[_SPEC, _SPEC], jit_compile=False)
     def step(items, timestamps):
+        rows = tf.shape(items.row_splits, out_type=tf.int64)[0] - 1
+        if per_position:
+            rows = tf.size(items[:, 1:].flat_values, out_type=tf.int64)
+        negatives = None
+        if config.loss == "sampled":
+            negatives = generator.uniform([rows, n_neg], 1, num_items + 1, dtype=tf.int64)
+        elif config.loss == "in-batch":
+            targets = items[:, 1:].flat_values
+            pick = generator.uniform([rows, n_neg], 0, tf.size(targets, out_type=tf.int64),
+                                     dtype=tf.int64)
+            negatives = tf.gather(targets, pick)
         with tf.GradientTape() as tape:
-            loss = next_item_loss(model, items, timestamps, training=True)
+            loss = next_item_loss(model, items, timestamps, config.loss, negatives,
+                                  training=True, per_position=per_position)
         variables = model.trainable_variables
         optimizer.apply(tape.gradient(loss, variables), variables)
         return loss
 
-    rng = np.random.default_rng(config.seed)
-    steps_per_epoch = math.ceil(dataset.num_users / config.batch_size)
-    total = config.epochs * steps_per_epoch
+    return step
+
+
+def scorer(model):
+    """A tf.function of ragged (items, timestamps) histories to ``[B, num_items]`` scores
+    (one per model, traced once)."""
+    score = getattr(model, "_recops_scorer", None)
+    if score is None:
+        @tf.function(input_signature=[_SPEC, _SPEC], jit_compile=False)
+        def score(items, timestamps):
+            return model.scores(last_states(model, items, timestamps))
+        model._recops_scorer = score
+    return score
+
+
+def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=evaluation.KS):
+    """HR@k, NDCG@k and MRR of `model` on each user's `which` ('valid' or 'test') target,
+    ranking the whole catalogue from the state after the user's (truncated) history."""
+    histories, stamps = split.history(which)
+    histories_in = _tail(histories, model.max_seq_len)
+    stamps_in = _tail(stamps, model.max_seq_len)
+    targets, _ = split.targets(which)
+    score = scorer(model)
+    out = []
+    for first in range(0, len(targets), batch_size):
+        part = slice(first, first + batch_size)
+        s = score(_ragged(histories_in[part]), _ragged(stamps_in[part])).numpy()
+        out.append(evaluation.ranks(s, targets[part],
+                                    histories[part] if exclude_seen else None))
+    return evaluation.metrics(np.concatenate(out), ks)
+
+
+@dataclasses.dataclass
+class Result:
+    model: GenerativeRecommender
+    config: Config
+    test: dict  # the model's test metrics under config.exclude_seen
+    test_other: dict  # ... under the other protocol
+    baselines: dict  # {"popularity": ..., "markov": ...} under config.exclude_seen
+    baselines_other: dict
+    validation: list  # per epoch: {"epoch", "step", metric: value, ...}
+    best_epoch: int
+    epochs: int  # epochs run (counting resumed ones)
+    steps: int
+    train_seconds: float
+    first_loss: float
+    last_loss: float
+
+
+def _scalar(tag, value):
+    """A TensorBoard scalar summary, as ``tf.summary.scalar`` writes it, without needing the
+    tensorboard package installed (only to view the logs)."""
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    tf.summary.write(tag, tf.constant(value, tf.float32), metadata=metadata)
+
+
+class _State(tf.Module):
+    """The loop's own checkpointed state."""
+
+    def __init__(self):
+        super().__init__(name="train_state")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.best = tf.Variable(-1.0, dtype=tf.float64, trainable=False)
+        self.best_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.bad_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.first_loss = tf.Variable(float("nan"), dtype=tf.float64, trainable=False)
+        self.last_loss = tf.Variable(float("nan"), dtype=tf.float64, trainable=False)
+        self.history = tf.Variable("[]", dtype=tf.string, trainable=False)
+
+
+def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progress=True,
+          log=print):
+    """Trains `config`'s model on `dataset`'s leave-one-out training part, validating every
+    epoch (early stopping on ``config.validation_metric``, the best epoch kept), and returns a
+    ``Result`` with the test metrics next to the baselines.
+
+    ``checkpoint_dir``: a checkpoint every epoch (and every ``config.checkpoint_every``
+    steps) of the model (the growing table and its optimizer slots included), the optimizer,
+    the negative sampler's RNG and the loop's position; ``resume=True`` continues from the
+    newest one. ``logdir``: TensorBoard summaries (loss, steps/s, validation metrics).
+    """
+    config.check()
+    tf.keras.utils.set_random_seed(config.seed)
+    split = evaluation.Split.leave_one_out(dataset)
+    num_items = dataset.num_items
+    epoch_data, steps_per_epoch = training_data(split, config)
+    model = build_model(config, num_items)
+    optimizer = make_optimizer(config)
+    generator = tf.random.Generator.from_seed(config.seed)
+    state = _State()
+    step = train_step(model, optimizer, generator, config, num_items)
+
+    # Build every variable (model and optimizer) before a restore.
+    build_items = _ragged([np.array([1, 1], np.int64)])
+    model({"items": build_items[:, :1], "timestamps": build_items[:, :1]}, training=False)
+    model.item_matrix(training=False)
+    optimizer.build(model.trainable_variables)
+    # tf.train.Checkpoint does not reach every Keras 3 variable through the model (layers
+    # in a Python list, non-trainable weights, dropout seed states): the model's variables
+    # are saved explicitly, in their (deterministic) creation order.
+    weights = [v.value for v in model.variables]
+    tracked = dict(weights=weights, optimizer=optimizer, generator=generator, state=state)
+    if config.use_fused:
+        tracked["table"] = model.item_embedding.table
+    checkpoint = tf.train.Checkpoint(**tracked)
+    best = tf.train.Checkpoint(**{k: v for k, v in tracked.items() if k in ("weights",
+                                                                           "table")})
+    manager = best_path = None
+    if checkpoint_dir:
+        manager = tf.train.CheckpointManager(checkpoint, os.path.join(checkpoint_dir, "last"),
+                                             max_to_keep=2)
+        best_path = os.path.join(checkpoint_dir, "best", "ckpt")
+        if resume:
+            if manager.latest_checkpoint is None:
+                raise FileNotFoundError(f"{checkpoint_dir}: no checkpoint to resume from")
+            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+            log(f"resumed from {manager.latest_checkpoint}: epoch {int(state.epoch) + 1}, "
+                f"step {int(state.steps)}")
+    elif resume:
+        raise ValueError("resume needs a checkpoint_dir")
+    best_weights = None  # without a checkpoint dir the best epoch is kept in memory
+
+    def keep_best():
+        nonlocal best_weights
+        if best_path:
+            best.write(best_path)
+        else:
+            best_weights = ([v.numpy() for v in model.variables],
+                            model.item_embedding.table.export() if config.use_fused else None)
+
+    def restore_best():
+        if best_path and os.path.exists(best_path + ".index"):
+            best.read(best_path).assert_existing_objects_matched()
+        elif best_weights is not None:
+            for v, value in zip(model.variables, best_weights[0]):
+                v.assign(value)
+            if best_weights[1] is not None:
+                model.item_embedding.table.assign(*best_weights[1])
+
+    writer = tf.summary.create_file_writer(logdir) if logdir else None
+    history = json.loads(state.history.numpy().decode())
+    total_steps = config.epochs * steps_per_epoch
     if config.max_steps > 0:
-        total = min(total, config.max_steps)
-    bar = keras.utils.Progbar(total, stateful_metrics=["loss", "steps/s"]) if progress else None
-    losses, start, done = [], time.perf_counter(), 0
-    while done < total:
-        order = rng.permutation(dataset.num_users)
-        for first in range(0, len(order), config.batch_size):
-            if done >= total:
-                break
-            batch = order[first:first + config.batch_size]
-            loss = float(step(_ragged([histories[u] for u in batch]),
-                              _ragged([stamps[u] for u in batch])))
-            losses.append(loss)
+        total_steps = min(total_steps, config.max_steps)
+    stopped = False
+    while int(state.epoch) < config.epochs and int(state.steps) < total_steps and not stopped:
+        epoch, skip = int(state.epoch), int(state.step_in_epoch)
+        bar = (keras.utils.Progbar(steps_per_epoch, stateful_metrics=["loss", "steps/s"])
+               if progress else None)
+        if bar is not None:
+            log(f"epoch {epoch + 1}/{config.epochs}")
+        start = mark = time.perf_counter()
+        done = 0
+        for items, timestamps in epoch_data(epoch, skip):
+            loss = float(step(items, timestamps))
             done += 1
+            state.steps.assign_add(1)
+            state.step_in_epoch.assign_add(1)
+            if math.isnan(float(state.first_loss)):
+                state.first_loss.assign(loss)
+            state.last_loss.assign(loss)
+            rate = done / max(time.perf_counter() - start, 1e-9)
+            if writer is not None:
+                with writer.as_default(step=int(state.steps)):
+                    _scalar("train/loss", loss)
+                    _scalar("train/steps_per_second", rate)
             if bar is not None:
-                bar.update(done, [("loss", loss),
-                                  ("steps/s", done / (time.perf_counter() - start))])
-    return model, losses, time.perf_counter() - start
-
-
-def _metrics(ranked, targets, k=10):
-    """(HR@k, NDCG@k) of [N, >=k] ranked item ids against [N] targets."""
-    hits = ranked[:, :k] == targets[:, None]
-    position = np.argmax(hits, axis=1)
-    hit = hits.any(axis=1)
-    ndcg = np.where(hit, 1.0 / np.log2(position + 2.0), 0.0)
-    return float(hit.mean()), float(ndcg.mean())
-
-
-def evaluate(model, dataset, batch_size=256, k=10):
-    """HR@k and NDCG@k of the model on every user's held-out last item, ranking the whole
-    catalogue from the state after the user's (truncated) training history."""
-    histories, stamps, targets, _ = dataset.split()
-    histories = _tail(histories, model.max_seq_len)
-    stamps = _tail(stamps, model.max_seq_len)
-
-    @tf.function(input_signature=[_SPEC, _SPEC], jit_compile=False)
-    def top(items, timestamps):
-        return tf.math.top_k(model.scores(last_states(model, items, timestamps)), k).indices + 1
-
-    ranked = np.concatenate([
-        top(_ragged(histories[i:i + batch_size]), _ragged(stamps[i:i + batch_size])).numpy()
-        for i in range(0, dataset.num_users, batch_size)])
-    return _metrics(ranked, targets, k)
-
-
-def popularity_baseline(dataset, k=10):
-    """HR@k and NDCG@k of recommending the k most popular training items to everyone."""
-    _, _, targets, _ = dataset.split()
-    popular = np.argsort(-dataset.popularity()[1:], kind="stable")[:k] + 1
-    return _metrics(np.tile(popular, (len(targets), 1)), targets, k)
+                bar.update(skip + done, [("loss", loss), ("steps/s", rate)])
+            at_limit = int(state.steps) >= total_steps
+            if (manager and config.checkpoint_every > 0 and not at_limit
+                    and int(state.steps) % config.checkpoint_every == 0):
+                state.seconds.assign_add(time.perf_counter() - mark)
+                manager.save(checkpoint_number=int(state.steps))
+                mark = time.perf_counter()
+            if at_limit:
+                break
+        state.seconds.assign_add(time.perf_counter() - mark)
+        finished_epoch = int(state.step_in_epoch) >= steps_per_epoch
+        metrics = evaluate(model, split, "valid", config.exclude_seen)
+        value = metrics[config.validation_metric]
+        history.append(dict(epoch=epoch + 1, step=int(state.steps), **metrics))
+        if writer is not None:
+            with writer.as_default(step=int(state.steps)):
+                for key, v in metrics.items():
+                    _scalar(f"valid/{key}", v)
+            writer.flush()
+        if value > float(state.best):
+            state.best.assign(value)
+            state.best_epoch.assign(epoch + 1)
+            state.bad_epochs.assign(0)
+            keep_best()
+        else:
+            state.bad_epochs.assign_add(1)
+        if bar is not None:
+            log(f"  valid {config.validation_metric} {value:.4f}  (best {float(state.best):.4f}"
+                f" at epoch {int(state.best_epoch)})")
+        if finished_epoch:
+            state.epoch.assign_add(1)
+            state.step_in_epoch.assign(0)
+        if config.patience > 0 and int(state.bad_epochs) >= config.patience:
+            stopped = True
+            log(f"early stop: no better validation {config.validation_metric} for "
+                f"{config.patience} epochs")
+        state.history.assign(json.dumps(history))
+        if manager:
+            manager.save(checkpoint_number=int(state.steps))
+    restore_best()
+    other = not config.exclude_seen
+    return Result(
+        model=model, config=config,
+        test=evaluate(model, split, "test", config.exclude_seen),
+        test_other=evaluate(model, split, "test", other),
+        baselines=evaluation.baselines(split, num_items, "test", config.exclude_seen),
+        baselines_other=evaluation.baselines(split, num_items, "test", other),
+        validation=history, best_epoch=int(state.best_epoch),
+        epochs=len({h["epoch"] for h in history}), steps=int(state.steps),
+        train_seconds=float(state.seconds), first_loss=float(state.first_loss),
+        last_loss=float(state.last_loss))
 
 
 def export(model, dataset, out_dir, metrics=None):
@@ -158,7 +441,8 @@ def export(model, dataset, out_dir, metrics=None):
     with open(os.path.join(out_dir, "info.json"), "w") as f:
         json.dump({"source": dataset.source, "num_items": dataset.num_items,
                    "num_users": dataset.num_users, "max_seq_len": model.max_seq_len,
-                   "use_fused": model.use_fused, "metrics": metrics or {}}, f, indent=1)
+                   "use_fused": model.use_fused, "encoder": model.encoder,
+                   "metrics": metrics or {}}, f, indent=1)
     return path
 
 

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Training-step time of the main job's recommender (``recops-tf train``'s step: forward,
+backward, optimizer) on random ragged batches, in one run:
+
+* sampled softmax at catalogues of 1,000 and 1,000,000 items (the step must not grow with the
+  catalogue: it touches the batch's items and its B x N negatives only), next to the full
+  softmax at the same sizes while that fits;
+  (each catalogue item has its row in the growing table first: the steady state after an
+  epoch, not the allocation of new rows);
+* the fused build against ``--no-fused`` (stock TF: Keras Embedding + Adam, the blocks'
+  reference paths) on the same batches.
+
+    python tools/bench_recommender.py [--preset hstu] [--reps 10] [--batch 128] [--json F]
+
+Times are medians of ``--reps`` steps after ``--warmup`` steps; cases alternate so that drift
+of the shared machine hits all of them alike.
+"""
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from recops_tf.recommender import training  # noqa: E402
+
+
+def batches(num_items, batch, max_len, count, seed):
+    """`count` ragged (items, timestamps) batches of `batch` histories of 2..max_len + 1
+    items drawn uniformly from the catalogue (lengths uniform, mean about max_len / 2)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        lengths = rng.integers(2, max_len + 2, size=batch)
+        items = rng.integers(1, num_items + 1, size=lengths.sum())
+        stamps = np.concatenate([np.sort(rng.integers(0, 10**8, size=n)) for n in lengths])
+        out.append((tf.RaggedTensor.from_row_lengths(items, lengths),
+                    tf.RaggedTensor.from_row_lengths(stamps, lengths)))
+    return out
+
+
+def make_case(preset, num_items, loss, fused, args):
+    config = training.Config.preset(preset, loss=loss, use_fused=fused,
+                                    batch_size=args.batch, max_seq_len=args.max_len)
+    model = training.build_model(config, num_items)
+    optimizer = training.make_optimizer(config)
+    step = training.train_step(model, optimizer, tf.random.Generator.from_seed(0), config,
+                               num_items)
+    data = batches(num_items, args.batch, args.max_len, args.warmup + args.reps, seed=1)
+    if fused:  # steady state: every catalogue item has its row (as after a first epoch)
+        for first in range(1, num_items + 1, 1 << 18):
+            ids = tf.range(first, min(first + (1 << 18), num_items + 1), dtype=tf.int64)
+            model.item_embedding(ids, training=True)
+    for b in data[:args.warmup]:
+        step(*b).numpy()
+    return step, data[args.warmup:]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="hstu", choices=sorted(training.PRESETS))
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--max-len", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--catalogues", default="1000,1000000")
+    parser.add_argument("--full-up-to", type=int, default=100_000,
+                        help="also time the full softmax at catalogues up to this size")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.catalogues.split(",")]
+    cases = {}
+    for n in sizes:
+        cases[("sampled", n, True)] = make_case(args.preset, n, "sampled", True, args)
+        if n <= args.full_up_to:
+            cases[("full", n, True)] = make_case(args.preset, n, "full", True, args)
+    cases[("sampled", sizes[0], False)] = make_case(args.preset, sizes[0], "sampled", False,
+                                                    args)
+    times = {key: [] for key in cases}
+    for i in range(args.reps):  # alternate the cases, step by step
+        for key, (step, data) in cases.items():
+            start = time.perf_counter()
+            step(*data[i]).numpy()
+            times[key].append(time.perf_counter() - start)
+    median = {key: float(np.median(t)) for key, t in times.items()}
+    print(f"--preset {args.preset}, batch {args.batch}, histories of 1..{args.max_len} "
+          f"items, median of {args.reps} steps")
+    print(f"{'loss':<9}{'catalogue':>11}  {'build':<10}{'ms/step':>9}")
+    for (loss, n, fused), t in median.items():
+        print(f"{loss:<9}{n:>11,}  {'fused' if fused else 'no-fused':<10}{t * 1e3:>9.1f}")
+    small, large = sizes[0], sizes[-1]
+    growth = median[("sampled", large, True)] / median[("sampled", small, True)]
+    speedup = median[("sampled", small, False)] / median[("sampled", small, True)]
+    print(f"sampled softmax: step at {large:,} items / at {small:,} items: {growth:.2f}x")
+    print(f"fused vs --no-fused at {small:,} items: {speedup:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "growth": growth, "fused_speedup": speedup,
+                       "ms_per_step": {f"{k[0]}/{k[1]}/{'fused' if k[2] else 'no-fused'}":
+                                       v * 1e3 for k, v in median.items()}}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
