@@ -336,7 +336,9 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     stopped = False
     while int(state.epoch) < config.epochs and int(state.steps) < total_steps and not stopped:
         epoch, skip = int(state.epoch), int(state.step_in_epoch)
-        bar = (keras.utils.Progbar(steps_per_epoch, stateful_metrics=["loss", "steps/s"])
+        val_name = f"valid {config.validation_metric}"
+        bar = (keras.utils.Progbar(steps_per_epoch,
+                                   stateful_metrics=["loss", "steps/s", val_name])
                if progress else None)
         if bar is not None:
             log(f"epoch {epoch + 1}/{config.epochs}")
@@ -356,7 +358,7 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
                     _scalar("train/loss", loss)
                     _scalar("train/steps_per_second", rate)
             if bar is not None:
-                bar.update(skip + done, [("loss", loss), ("steps/s", rate)])
+                bar.update(skip + done, [("loss", loss), ("steps/s", rate)], finalize=False)
             at_limit = int(state.steps) >= total_steps
             if (manager and config.checkpoint_every > 0 and not at_limit
                     and int(state.steps) % config.checkpoint_every == 0):
@@ -383,8 +385,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         else:
             state.bad_epochs.assign_add(1)
         if bar is not None:
-            log(f"  valid {config.validation_metric} {value:.4f}  (best {float(state.best):.4f}"
-                f" at epoch {int(state.best_epoch)})")
+            bar.update(skip + done, [(val_name, value)], finalize=True)
+            log(f"  best {val_name} {float(state.best):.4f} at epoch {int(state.best_epoch)}")
         if finished_epoch:
             state.epoch.assign_add(1)
             state.step_in_epoch.assign(0)
