@@ -38,7 +38,7 @@ def _load_data(args):
 def _config(args):
     from recops_tf import recommender as rec
 
-    return rec.Config.preset(
+    return rec.Config.from_preset(
         args.preset, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, d_model=args.d_model, num_blocks=args.blocks,
         num_heads=args.heads, head_dim=args.head_dim, max_seq_len=args.max_seq_len,

@@ -26,7 +26,7 @@ def _tiny_config(**overrides):
     values = dict(epochs=2, batch_size=16, d_model=16, num_blocks=1, head_dim=8,
                   max_seq_len=16, num_negatives=8)
     values.update(overrides)
-    return rec.Config.preset(overrides.pop("preset", "hstu"), **values)
+    return rec.Config.from_preset(overrides.pop("preset", "hstu"), **values)
 
 
 def test_synthetic_data_is_deterministic_and_needs_a_sequence_model():
@@ -48,17 +48,17 @@ def test_synthetic_data_is_deterministic_and_needs_a_sequence_model():
 
 
 def test_presets_and_overrides():
-    large = rec.Config.preset("hstu-large", num_blocks=3)
+    large = rec.Config.from_preset("hstu-large", num_blocks=3)
     assert (large.num_blocks, large.num_heads, large.head_dim) == (3, 2, 25)
     assert (large.d_model, large.temperature, large.num_negatives) == (50, 0.05, 128)
-    sasrec = rec.Config.preset("sasrec")
+    sasrec = rec.Config.from_preset("sasrec")
     assert sasrec.encoder == "sasrec" and not sasrec.relative_bias
     with pytest.raises(ValueError, match="preset must be one of"):
-        rec.Config.preset("bert4rec")
+        rec.Config.from_preset("bert4rec")
     with pytest.raises(ValueError, match="loss must be one of"):
-        rec.Config.preset("hstu", loss="hinge").check()
+        rec.Config.from_preset("hstu", loss="hinge").check()
     with pytest.raises(ValueError, match="num_negatives must be at least 1"):
-        rec.Config.preset("hstu", num_negatives=0).check()
+        rec.Config.from_preset("hstu", num_negatives=0).check()
 
 
 def test_sampled_softmax_masks_accidental_hits():
@@ -133,7 +133,7 @@ def test_early_stopping_keeps_the_best_epoch():
 
 def test_hstu_preset_beats_both_baselines_on_synthetic_data():
     data = rec.synthetic(num_users=500, num_items=120, num_tastes=8, seed=0)
-    config = rec.Config.preset("hstu", epochs=20, batch_size=64, d_model=32, head_dim=32,
+    config = rec.Config.from_preset("hstu", epochs=20, batch_size=64, d_model=32, head_dim=32,
                                max_seq_len=64, num_negatives=32, patience=0, dropout_rate=0.1,
                                learning_rate=3e-3)
     result = rec.train(data, config, progress=False)

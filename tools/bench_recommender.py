@@ -43,7 +43,7 @@ def batches(num_items, batch, max_len, count, seed):
 
 
 def make_case(preset, num_items, loss, fused, args):
-    config = training.Config.preset(preset, loss=loss, use_fused=fused,
+    config = training.Config.from_preset(preset, loss=loss, use_fused=fused,
                                     batch_size=args.batch, max_seq_len=args.max_len)
     model = training.build_model(config, num_items)
     optimizer = training.make_optimizer(config)

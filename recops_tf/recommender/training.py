@@ -20,7 +20,7 @@ from recops_tf.recommender.model import (ENCODERS, LOSSES, GenerativeRecommender
 
 @dataclasses.dataclass
 class Config:
-    """Every knob of a run; ``Config.preset(name, **overrides)`` gives the paper's recipes."""
+    """Every knob of a run; ``Config.from_preset(name, **overrides)`` gives the paper's recipes."""
     preset: str = "hstu"
     encoder: str = "hstu"
     epochs: int = 100
@@ -48,7 +48,7 @@ class Config:
     max_steps: int = 0  # > 0: stop after this many steps (smoke runs)
 
     @classmethod
-    def preset(cls, name, **overrides):
+    def from_preset(cls, name, **overrides):
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {name!r}")
         values = dict(PRESETS[name], preset=name)
