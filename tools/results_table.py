@@ -36,11 +36,11 @@ def protocol_metrics(result, exclude_seen):
     return result["test_other_protocol"], result["baselines_other_protocol"]
 
 
-def cell(values, spread=True):
+def cell(values, spread=True, digits=4):
     values = np.asarray(values, np.float64)
     if len(values) == 1 or not spread:
-        return f"{values.mean():.4f}"
-    return f"{values.mean():.4f} ± {values.std(ddof=0):.4f}"
+        return f"{values.mean():.{digits}f}"
+    return f"{values.mean():.{digits}f} ± {values.std(ddof=0):.{digits}f}"
 
 
 def table(runs, exclude_seen):
@@ -52,12 +52,13 @@ def table(runs, exclude_seen):
         ms = [protocol_metrics(r, exclude_seen)[0] for r in results]
         lines.append(f"| {name} | {len(results)} | " +
                      " | ".join(cell([m[c] for m in ms]) for c in COLUMNS) +
-                     f" | {cell([r['epochs'] for r in results], False)} | "
-                     f"{cell([r['train_seconds'] for r in results], False)} |")
+                     f" | {cell([r['epochs'] for r in results], False, 0)} | "
+                     f"{cell([r['train_seconds'] for r in results], False, 0)} |")
     for base in ("markov", "popularity"):
         ms = [protocol_metrics(r, exclude_seen)[1][base] for r in first]
-        lines.append(f"| {base} | {len(first)} | " +
-                     " | ".join(cell([m[c] for m in ms]) for c in COLUMNS) + " | - | - |")
+        lines.append(f"| {base} | (deterministic) | " +
+                     " | ".join(cell([m[c] for m in ms], False) for c in COLUMNS) +
+                     " | - | - |")
     return "\n".join(lines)
 
 
