@@ -41,18 +41,17 @@ struct DisentangleProblem {
 template <typename Acc, Isa I>
 RECOPS_INLINE void Matmul(int64_t m, int64_t n, int64_t k, const Acc* a, const Acc* b, Acc* c,
                           bool accumulate = false, bool trans_a = false, int64_t lda = 0) {
-  constexpr int R = kGemmRows<I>;
   const int64_t ld = lda ? lda : (trans_a ? m : k);
   if (trans_a) {
     if (accumulate) {
-      GemmAcc<Acc, R, false, true>(m, n, k, a, ld, b, n, c, n);
+      GemmAcc<Acc, I, false, true>(m, n, k, a, ld, b, n, c, n);
     } else {
-      GemmAcc<Acc, R, true, true>(m, n, k, a, ld, b, n, c, n);
+      GemmAcc<Acc, I, true, true>(m, n, k, a, ld, b, n, c, n);
     }
   } else if (accumulate) {
-    GemmAcc<Acc, R, false, false>(m, n, k, a, ld, b, n, c, n);
+    GemmAcc<Acc, I, false, false>(m, n, k, a, ld, b, n, c, n);
   } else {
-    GemmAcc<Acc, R, true, false>(m, n, k, a, ld, b, n, c, n);
+    GemmAcc<Acc, I, true, false>(m, n, k, a, ld, b, n, c, n);
   }
 }
 
@@ -116,8 +115,8 @@ RECOPS_INLINE void ScoresOf(const DisentangleProblem& p, const T* mask, int64_t 
     for (int64_t j = 1; j < s; ++j) mx = std::max(mx, wr[j]);
     Acc sum = Acc(0);
     if constexpr (std::is_same_v<Acc, float>) {
-      using V = Vec<float>::type;
-      constexpr int64_t L = Vec<float>::kLanes;
+      using V = typename IsaVec<float, I>::type;
+      constexpr int64_t L = IsaVec<float, I>::kLanes;
       int64_t j = 0;
       for (; j + L <= s; j += L) StoreVec(pr + j, ExpVec(LoadVec<V>(wr + j) - mx));
       for (; j < s; ++j) pr[j] = std::exp(wr[j] - mx);

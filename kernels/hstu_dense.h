@@ -429,13 +429,13 @@ RECOPS_INLINE void TileTimesT(const Acc* a, int64_t mq, int64_t dim, const Acc* 
                               const int64_t* bound = nullptr) {
   constexpr int R = kGemmRows<I>;
   if (bound == nullptr) {
-    GemmAcc<Acc, R, true>(RoundRows<I>(mq), kTile, dim, a, dim, bt, kTile, c, kTile);
+    GemmAcc<Acc, I, true>(RoundRows<I>(mq), kTile, dim, a, dim, bt, kTile, c, kTile);
     return;
   }
-  constexpr int64_t kPair = 2 * Vec<Acc>::kLanes;
+  constexpr int64_t kPair = 2 * IsaVec<Acc, I>::kLanes;
   for (int64_t r = 0; r < mq; r += R) {
     if (bound[r / R] == 0) continue;
-    GemmAcc<Acc, R, true>(R, std::min(kTile, (bound[r / R] + kPair - 1) / kPair * kPair), dim,
+    GemmAcc<Acc, I, true>(R, std::min(kTile, (bound[r / R] + kPair - 1) / kPair * kPair), dim,
                           a + r * dim, dim, bt, kTile, c + r * kTile, kTile);
   }
 }
@@ -471,12 +471,12 @@ RECOPS_INLINE void ScoresTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64
                                int64_t nk, const Acc* b, int64_t n, Acc* c) {
   constexpr int R = kGemmRows<I>;
   if (!w.partial) {
-    GemmAcc<Acc, R>(RoundRows<I>(mq), n, nk, sc, kTile, b, n, c, n);
+    GemmAcc<Acc, I>(RoundRows<I>(mq), n, nk, sc, kTile, b, n, c, n);
     return;
   }
   for (int64_t r = 0; r < mq; r += R) {
     if (w.bound[r / R] == 0) continue;
-    GemmAcc<Acc, R>(R, n, w.bound[r / R], sc + r * kTile, kTile, b, n, c + r * n, n);
+    GemmAcc<Acc, I>(R, n, w.bound[r / R], sc + r * kTile, kTile, b, n, c + r * n, n);
   }
 }
 
@@ -488,14 +488,14 @@ RECOPS_INLINE void ScoresTTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int6
                                 int64_t nk, const Acc* b, int64_t n, Acc* c) {
   constexpr int R = kGemmRows<I>;
   if (!w.partial) {
-    GemmAcc<Acc, R, false, true>(RoundRows<I>(nk), n, mq, sc, kTile, b, n, c, n);
+    GemmAcc<Acc, I, false, true>(RoundRows<I>(nk), n, mq, sc, kTile, b, n, c, n);
     return;
   }
   int64_t k0 = 0;
   for (int64_t c0 = 0; c0 < nk; c0 += R) {
     while (k0 < mq && w.bound[k0 / R] <= c0) k0 += R;
     if (k0 >= mq) break;
-    GemmAcc<Acc, R, false, true>(R, n, mq - k0, sc + k0 * kTile + c0, kTile, b + k0 * n, n,
+    GemmAcc<Acc, I, false, true>(R, n, mq - k0, sc + k0 * kTile + c0, kTile, b + k0 * n, n,
                                  c + c0 * n, n);
   }
 }

@@ -48,7 +48,7 @@ RECOPS_INLINE void AffineRow(const Acc* __restrict xc, Acc rstd, const Acc* __re
 }
 
 // Forward of batch element b (buf: S * S + 2 * S scratch).
-template <typename T, typename Acc>
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void TokenMixingBatch(const TokenMixingProblem<Acc>& p, const T* xb, Acc* buf,
                                     T* yb) {
   const int64_t s = p.s;
@@ -56,14 +56,14 @@ RECOPS_INLINE void TokenMixingBatch(const TokenMixingProblem<Acc>& p, const T* x
   TransposeTiles<T, Acc>(xb, s, s, xt);
   for (int64_t i = 0; i < s; ++i) {
     MixedRow<T, Acc>(xb, xt, s, i, t);
-    const RowMoments<Acc> m = Moments<Acc>(t, s, p.epsilon, tc);
+    const RowMoments<Acc> m = Moments<Acc, I>(t, s, p.epsilon, tc);
     AffineRow<T, Acc>(tc, m.rstd, p.gamma.data(), p.beta.data(), s, yb + i * s);
   }
 }
 
 // Gradient of batch element b: dt through the LayerNorm row by row (dgamma / dbeta added to
 // the partials), then dx = dt + dtᵀ (buf: 3 * S * S + 4 * S scratch).
-template <typename T, typename Acc>
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void TokenMixingGradBatch(const TokenMixingProblem<Acc>& p, const T* xb,
                                         const T* dyb, Acc* buf, Acc* dgamma, Acc* dbeta,
                                         T* dxb) {
@@ -73,10 +73,10 @@ RECOPS_INLINE void TokenMixingGradBatch(const TokenMixingProblem<Acc>& p, const 
   TransposeTiles<T, Acc>(xb, s, s, xt);
   for (int64_t i = 0; i < s; ++i) {
     MixedRow<T, Acc>(xb, xt, s, i, t);
-    const RowMoments<Acc> m = Moments<Acc>(t, s, p.epsilon, xhat);
+    const RowMoments<Acc> m = Moments<Acc, I>(t, s, p.epsilon, xhat);
     Normalize<Acc>(t, m, s, xhat);
     const Acc* gi = RowAsAcc<T, Acc>(dyb + i * s, s, g);
-    LayerNormBackwardRow<Acc>(xhat, gi, p.gamma.data(), m.rstd, s, tmp, dgamma, dbeta,
+    LayerNormBackwardRow<Acc, I>(xhat, gi, p.gamma.data(), m.rstd, s, tmp, dgamma, dbeta,
                               dt + i * s);
   }
   TransposeTiles<Acc, Acc>(dt, s, s, dtt);
@@ -149,8 +149,8 @@ class TokenMixingOp : public TokenMixingBase<T> {
                 [&](int64_t b0, int64_t b1) {
       std::vector<Acc> buf(s * s + 2 * s);
       for (int64_t b = b0; b < b1; ++b) {
-        RECOPS_WITH_ISA((TokenMixingBatch<T, Acc>(p, xp + b * s * s, buf.data(),
-                                                  yp + b * s * s)));
+        RECOPS_WITH_ISA((TokenMixingBatch<T, Acc, I>(p, xp + b * s * s, buf.data(),
+                                                     yp + b * s * s)));
       }
     });
   }
@@ -192,8 +192,8 @@ class TokenMixingGradOp : public TokenMixingBase<T> {
         const int64_t end = partials.ChunkBegin(k + 1, batch);
         for (int64_t b = partials.ChunkBegin(k, batch); b < end; ++b) {
           const int64_t at = b * s * s;
-          RECOPS_WITH_ISA((TokenMixingGradBatch<T, Acc>(p, xp + at, dyp + at, buf.data(),
-                                                        dgamma_k, dbeta_k, dxp + at)));
+          RECOPS_WITH_ISA((TokenMixingGradBatch<T, Acc, I>(p, xp + at, dyp + at, buf.data(),
+                                                           dgamma_k, dbeta_k, dxp + at)));
         }
       }
     });

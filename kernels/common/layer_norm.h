@@ -29,29 +29,40 @@ RECOPS_INLINE const Acc* RowAsAcc(const T* x, int64_t n, Acc* buf) {
 }
 
 // Sum of a[c] * (b ? b[c] : 1) over c < n, in four vector accumulators (GCC does not
-// reassociate a scalar float sum into vectors by itself). The order depends only on n.
-template <typename Acc>
+// reassociate a scalar float sum into vectors by itself). The order depends only on n, not on
+// the instruction set: each accumulator is 64 bytes of lanes (one AVX-512 register), held as
+// 64 / kVecBytes<I> native vectors elsewhere (a 64-byte GCC vector without AVX-512 lives in
+// memory: the AVX2 build of this loop ran ~4x slower, about half of ln_mul's kernel time).
+template <typename Acc, Isa I>
 RECOPS_INLINE Acc RowDot(const Acc* a, const Acc* b, int64_t n) {
-  using V = typename Vec<Acc>::type;
-  constexpr int64_t W = Vec<Acc>::kLanes;
-  V s0{}, s1{}, s2{}, s3{};
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t VL = IsaVec<Acc, I>::kLanes;  // lanes of a native vector
+  constexpr int64_t W = Vec<Acc>::kLanes;         // lanes of a 64-byte accumulator
+  constexpr int P = W / VL;
+  V s[4][P];
+  for (int j = 0; j < 4; ++j) {
+    for (int q = 0; q < P; ++q) s[j][q] = V{};
+  }
   int64_t c = 0;
   for (; c + 4 * W <= n; c += 4 * W) {
     if (b != nullptr) {
-      s0 += LoadVec<V>(a + c) * LoadVec<V>(b + c);
-      s1 += LoadVec<V>(a + c + W) * LoadVec<V>(b + c + W);
-      s2 += LoadVec<V>(a + c + 2 * W) * LoadVec<V>(b + c + 2 * W);
-      s3 += LoadVec<V>(a + c + 3 * W) * LoadVec<V>(b + c + 3 * W);
+      for (int j = 0; j < 4; ++j) {
+        for (int q = 0; q < P; ++q) {
+          const int64_t o = c + j * W + q * VL;
+          s[j][q] += LoadVec<V>(a + o) * LoadVec<V>(b + o);
+        }
+      }
     } else {
-      s0 += LoadVec<V>(a + c);
-      s1 += LoadVec<V>(a + c + W);
-      s2 += LoadVec<V>(a + c + 2 * W);
-      s3 += LoadVec<V>(a + c + 3 * W);
+      for (int j = 0; j < 4; ++j) {
+        for (int q = 0; q < P; ++q) s[j][q] += LoadVec<V>(a + c + j * W + q * VL);
+      }
     }
   }
-  const V s = (s0 + s1) + (s2 + s3);
   Acc sum = Acc(0);
-  for (int l = 0; l < W; ++l) sum += s[l];
+  for (int q = 0; q < P; ++q) {
+    const V t = (s[0][q] + s[1][q]) + (s[2][q] + s[3][q]);
+    for (int l = 0; l < VL; ++l) sum += t[l];
+  }
   for (; c < n; ++c) sum += b != nullptr ? a[c] * b[c] : a[c];
   return sum;
 }
@@ -63,13 +74,13 @@ struct RowMoments {
 
 // Mean and biased variance (two passes: no cancellation) and 1 / sqrt(var + epsilon). xc:
 // scratch for n centred values.
-template <typename Acc>
+template <typename Acc, Isa I>
 RECOPS_INLINE RowMoments<Acc> Moments(const Acc* __restrict x, int64_t n, Acc epsilon,
                                       Acc* __restrict xc) {
   RowMoments<Acc> m;
-  m.mean = RowDot<Acc>(x, nullptr, n) / static_cast<Acc>(n);
+  m.mean = RowDot<Acc, I>(x, nullptr, n) / static_cast<Acc>(n);
   for (int64_t c = 0; c < n; ++c) xc[c] = x[c] - m.mean;
-  m.var = RowDot<Acc>(xc, xc, n) / static_cast<Acc>(n);
+  m.var = RowDot<Acc, I>(xc, xc, n) / static_cast<Acc>(n);
   m.rstd = Acc(1) / std::sqrt(m.var + epsilon);
   return m;
 }
@@ -86,7 +97,7 @@ RECOPS_INLINE void Normalize(const Acc* __restrict x, const RowMoments<Acc>& m, 
 // dbeta += d_ln (this row's contributions, into the caller's partial sums), and
 // dx = rstd * (t - mean(t) - xhat * mean(t * xhat)) with t = d_ln * gamma (t: scratch). The
 // pointers are restrict (GCC vectorises these loops only then).
-template <typename Acc>
+template <typename Acc, Isa I>
 RECOPS_INLINE void LayerNormBackwardRow(const Acc* __restrict xhat, const Acc* __restrict d_ln,
                                         const Acc* __restrict gamma, Acc rstd, int64_t n,
                                         Acc* __restrict t, Acc* __restrict dgamma,
@@ -97,8 +108,8 @@ RECOPS_INLINE void LayerNormBackwardRow(const Acc* __restrict xhat, const Acc* _
     t[c] = d_ln[c] * gamma[c];
   }
   const Acc inv_n = Acc(1) / static_cast<Acc>(n);
-  const Acc mean_t = RowDot<Acc>(t, nullptr, n) * inv_n;
-  const Acc mean_tx = RowDot<Acc>(t, xhat, n) * inv_n;
+  const Acc mean_t = RowDot<Acc, I>(t, nullptr, n) * inv_n;
+  const Acc mean_tx = RowDot<Acc, I>(t, xhat, n) * inv_n;
   for (int64_t c = 0; c < n; ++c) dx[c] = rstd * (t[c] - mean_t - xhat[c] * mean_tx);
 }
 

@@ -28,11 +28,30 @@
 
 namespace recops {
 
-template <typename Acc>
+// The instruction set a kernel instantiation is compiled for (with the matching target
+// attribute on its entry point): picks the vector width, register blocking and the few
+// operations that need a target-specific builtin.
+enum class Isa { kBase, kAvx2, kAvx512 };
+
+// A GCC vector of Bytes bytes. Hot loops use the width of their target's registers,
+// IsaVec<Acc, I>: a vector wider than the target's registers (64 bytes without AVX-512) has
+// no machine mode, and GCC then keeps every such value in memory: splats are built element
+// by element on the stack, accumulators round-trip through the stack and general registers
+// on every operation (a 64-byte GEMM accumulate ran ~30x slower on an AVX2-only CPU than
+// its 32-byte form). Vec<Acc> (64 bytes) remains for reductions whose summation order must
+// not depend on the instruction set.
+template <typename Acc, int Bytes = 64>
 struct Vec {
-  typedef Acc type __attribute__((vector_size(64)));
-  static constexpr int kLanes = 64 / sizeof(Acc);
+  typedef Acc type __attribute__((vector_size(Bytes)));
+  static constexpr int kLanes = Bytes / sizeof(Acc);
 };
+
+// Bytes of one vector register: zmm, ymm, xmm.
+template <Isa I>
+constexpr int kVecBytes = I == Isa::kAvx512 ? 64 : (I == Isa::kAvx2 ? 32 : 16);
+
+template <typename Acc, Isa I>
+using IsaVec = Vec<Acc, kVecBytes<I>>;
 
 template <typename V, typename Acc>
 RECOPS_INLINE V LoadVec(const Acc* p) {
@@ -46,13 +65,8 @@ RECOPS_INLINE void StoreVec(Acc* p, const V& v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
-// The instruction set a kernel instantiation is compiled for (with the matching target
-// attribute on its entry point): picks register blocking and the few operations that need a
-// target-specific builtin.
-enum class Isa { kBase, kAvx2, kAvx512 };
-
-// Rows of C a GEMM block keeps in registers: 8 x 2 vectors fit AVX-512's 32 registers, 4 x 2
-// the 16 of AVX2.
+// Rows of C a GEMM block keeps in registers, with 2 vectors per row: 8 x 2 fit AVX-512's 32
+// registers, 4 x 2 the 16 of AVX2 (8 accumulators, 2 B vectors, the broadcast A element).
 template <Isa I>
 constexpr int kGemmRows = I == Isa::kAvx512 ? 8 : 4;
 
@@ -62,22 +76,75 @@ constexpr int64_t RoundRows(int64_t n) {
   return (n + kGemmRows<I> - 1) / kGemmRows<I> * kGemmRows<I>;
 }
 
-// C[M x N] (+)= A[M x K] * B[K x N]; row-major with leading dimensions lda, ldb, ldc. With
-// kOverwrite, C is written without being read (C = A * B); with kTransA, A is stored
-// transposed (element (i, k) at A[k * lda + i]: C += Aᵀ·B of a row-major [K x M] A, which
-// costs nothing extra since A is only ever broadcast element by element). The main block keeps R rows x 2
-// vectors of C in registers; on L1-resident 64 x 64 float tiles it ran at 143 GFLOP/s on one
-// core of the development machine (TF's own matmul: ~130 per core), 17% slower with B rows
-// 1 KB apart: keep B contiguous. N that is not a
-// multiple of 2 vectors and M that is not a multiple of R fall to slower paths: pad instead.
-template <typename Acc, int R, bool kOverwrite = false, bool kTransA = false>
+// Rows [i, i + RR) of one vector of columns of C (+)= the A rows times B, over kc values of
+// k from k0: b points to B's row k0 at that vector's first column, c to C's row 0 at it. With
+// nc < W, only the first nc lanes of C are read and written (B must then have W readable
+// values per row: GemmAcc's zero-padded copy). One accumulator per row: RR independent FMA
+// chains (8 keep two FMA pipes of 4-cycle latency busy).
+template <typename Acc, Isa I, int RR, bool kTransA>
+RECOPS_INLINE void GemmVecRows(int64_t i, int64_t k0, int64_t kc, const Acc* a, int64_t lda,
+                               const Acc* b, int64_t ldb, Acc* c, int64_t ldc, int64_t nc,
+                               bool zero) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  V acc[RR];
+  for (int r = 0; r < RR; ++r) {
+    acc[r] = V{};
+    if (zero) continue;
+    if (nc == W) {
+      acc[r] = LoadVec<V>(c + (i + r) * ldc);
+    } else {
+      for (int64_t l = 0; l < nc; ++l) acc[r][l] = c[(i + r) * ldc + l];
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const V bk = LoadVec<V>(b + k * ldb);
+    for (int r = 0; r < RR; ++r) {
+      acc[r] += (kTransA ? a[(k0 + k) * lda + i + r] : a[(i + r) * lda + k0 + k]) * bk;
+    }
+  }
+  for (int r = 0; r < RR; ++r) {
+    if (nc == W) {
+      StoreVec(c + (i + r) * ldc, acc[r]);
+    } else {
+      for (int64_t l = 0; l < nc; ++l) c[(i + r) * ldc + l] = acc[r][l];
+    }
+  }
+}
+
+// GemmVecRows over all M rows: blocks of 8, then 4, then single rows.
+template <typename Acc, Isa I, bool kTransA>
+RECOPS_INLINE void GemmVecColumn(int64_t M, int64_t k0, int64_t kc, const Acc* a, int64_t lda,
+                                 const Acc* b, int64_t ldb, Acc* c, int64_t ldc, int64_t nc,
+                                 bool zero) {
+  int64_t i = 0;
+  for (; i + 8 <= M; i += 8) GemmVecRows<Acc, I, 8, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
+  for (; i + 4 <= M; i += 4) GemmVecRows<Acc, I, 4, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
+  for (; i < M; ++i) GemmVecRows<Acc, I, 1, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
+}
+
+// C[M x N] (+)= A[M x K] * B[K x N] in vectors of instruction set I; row-major with leading
+// dimensions lda, ldb, ldc. With kOverwrite, C is written without being read (C = A * B);
+// with kTransA, A is stored transposed (element (i, k) at A[k * lda + i]: C += Aᵀ·B of a
+// row-major [K x M] A, which costs nothing extra since A is only ever broadcast element by
+// element). The main block keeps R = kGemmRows<I> rows x 2 vectors of C in registers; on
+// L1-resident 64 x 64 float tiles it ran at 143 GFLOP/s on one core of the development
+// machine (AVX-512; TF's own matmul: ~130 per core), 17% slower with B rows 1 KB apart: keep
+// B contiguous. A last single vector of columns runs in blocks of rows (GemmVecColumn), and
+// the last N mod W columns likewise through a zero-padded copy of B's last columns (with
+// D = 50 heads a scalar column was a chain of K dependent FMAs per element, 2/3 of a tile
+// GEMM's time). M that is not a multiple of R falls to slower paths: pad instead. Every
+// element of C is the same sum in the same order (k ascending) on every path and at every
+// vector width.
+template <typename Acc, Isa I, bool kOverwrite = false, bool kTransA = false>
 RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
                            const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
+  constexpr int R = kGemmRows<I>;
   const auto A = [&](int64_t i, int64_t k) -> Acc {
     return kTransA ? a[k * lda + i] : a[i * lda + k];
   };
-  using V = typename Vec<Acc>::type;
-  constexpr int64_t W = Vec<Acc>::kLanes;
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   const auto load_c = [&](int64_t offset) { return kOverwrite ? V{} : LoadVec<V>(C + offset); };
   int64_t n0 = 0;
   for (; n0 + 2 * W <= N; n0 += 2 * W) {
@@ -111,18 +178,23 @@ RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_
       StoreVec(C + i * ldc + n0 + W, c1);
     }
   }
-  for (; n0 + W <= N; n0 += W) {
-    for (int64_t i = 0; i < M; ++i) {
-      V c = load_c(i * ldc + n0);
-      for (int64_t k = 0; k < K; ++k) c += A(i, k) * LoadVec<V>(B + k * ldb + n0);
-      StoreVec(C + i * ldc + n0, c);
-    }
+  if (n0 + W <= N) {
+    GemmVecColumn<Acc, I, kTransA>(M, 0, K, a, lda, B + n0, ldb, C + n0, ldc, W, kOverwrite);
+    n0 += W;
   }
-  for (; n0 < N; ++n0) {
-    for (int64_t i = 0; i < M; ++i) {
-      Acc c = kOverwrite ? Acc(0) : C[i * ldc + n0];
-      for (int64_t k = 0; k < K; ++k) c += A(i, k) * B[k * ldb + n0];
-      C[i * ldc + n0] = c;
+  if (n0 < N) {
+    // nt < W columns: B's in zero-padded vectors, kKc rows of B at a time (C's sums go on
+    // from chunk to chunk in k order).
+    const int64_t nt = N - n0;
+    constexpr int64_t kKc = 64;
+    Acc bt[kKc * W];
+    for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kKc) {
+      const int64_t kc = K - k0 < kKc ? K - k0 : kKc;
+      for (int64_t k = 0; k < kc; ++k) {
+        for (int64_t l = 0; l < W; ++l) bt[k * W + l] = l < nt ? B[(k0 + k) * ldb + n0 + l] : Acc(0);
+      }
+      GemmVecColumn<Acc, I, kTransA>(M, k0, kc, a, lda, bt, W, C + n0, ldc, nt,
+                                     kOverwrite && k0 == 0);
     }
   }
 }
@@ -171,8 +243,8 @@ RECOPS_INLINE V ExpVec(V x) {
 // (relative error ~1e-7, a few float ulps; no divider, which would otherwise bound the
 // sigmoid); an exact division elsewhere.
 template <Isa I>
-RECOPS_INLINE Vec<float>::type RecipVec(Vec<float>::type x) {
-  using V = Vec<float>::type;
+RECOPS_INLINE typename IsaVec<float, I>::type RecipVec(typename IsaVec<float, I>::type x) {
+  using V = typename IsaVec<float, I>::type;
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   if constexpr (I == Isa::kAvx512) {
     typedef float V16 __attribute__((vector_size(64)));
@@ -188,8 +260,8 @@ RECOPS_INLINE Vec<float>::type RecipVec(Vec<float>::type x) {
 template <Isa I, typename Acc>
 RECOPS_INLINE void SigmoidRow(const Acc* z, int64_t n, Acc* sig) {
   if constexpr (std::is_same_v<Acc, float>) {
-    using V = Vec<float>::type;
-    constexpr int64_t W = Vec<float>::kLanes;
+    using V = typename IsaVec<float, I>::type;
+    constexpr int64_t W = IsaVec<float, I>::kLanes;
     for (int64_t c = 0; c < n; c += W) {
       const V e = ExpVec(V{} - LoadVec<V>(z + c));
       StoreVec(sig + c, RecipVec<I>(1.0f + e));

@@ -118,7 +118,7 @@ struct RowOut {
 };
 
 // Forward rows [r0, r1) (buf: 4 * cols scratch).
-template <typename T>
+template <typename T, Isa I>
 RECOPS_INLINE void NormMulForwardRows(const NormMulArgs<T>& a, const AccumT<T>* gamma,
                                       const AccumT<T>* beta, int64_t r0, int64_t r1,
                                       AccumT<T>* buf, const RowOut<T>& y) {
@@ -129,7 +129,7 @@ RECOPS_INLINE void NormMulForwardRows(const NormMulArgs<T>& a, const AccumT<T>* 
   for (int64_t r = r0; r < r1; ++r) {
     const Acc* x = RowAsAcc<T, Acc>(a.x + r * cols, cols, xbuf);
     const Acc* u = RowAsAcc<T, Acc>(a.u + r * cols, cols, ubuf);
-    const RowMoments<Acc> m = Moments<Acc>(x, cols, a.epsilon, xc);
+    const RowMoments<Acc> m = Moments<Acc, I>(x, cols, a.epsilon, xc);
     if (a.mean_out != nullptr) {
       a.mean_out[r] = m.mean;
       a.var_out[r] = m.var;
@@ -142,7 +142,7 @@ RECOPS_INLINE void NormMulForwardRows(const NormMulArgs<T>& a, const AccumT<T>* 
 
 // Backward rows [r0, r1), their dgamma / dbeta contributions added to the partials (buf:
 // 8 * cols scratch).
-template <typename T>
+template <typename T, Isa I>
 RECOPS_INLINE void NormMulBackwardRows(const NormMulArgs<T>& a, const AccumT<T>* gamma,
                                        const AccumT<T>* beta, const T* dy, int64_t r0,
                                        int64_t r1, AccumT<T>* buf, const RowOut<T>& dx,
@@ -161,7 +161,7 @@ RECOPS_INLINE void NormMulBackwardRows(const NormMulArgs<T>& a, const AccumT<T>*
       m.var = a.var_in[r];
       m.rstd = Acc(1) / std::sqrt(m.var + a.epsilon);
     } else {
-      m = Moments<Acc>(x, cols, a.epsilon, xhat);
+      m = Moments<Acc, I>(x, cols, a.epsilon, xhat);
     }
     Normalize<Acc>(x, m, cols, xhat);
     const Acc* u = RowAsAcc<T, Acc>(a.u + r * cols, cols, ubuf);
@@ -173,7 +173,7 @@ RECOPS_INLINE void NormMulBackwardRows(const NormMulArgs<T>& a, const AccumT<T>*
     }
     NormMulGradRow<T, Acc>(g, xhat, gamma, beta, u, cols, du.Row(r), d_ln);
     du.Done(r);
-    LayerNormBackwardRow<Acc>(xhat, d_ln, gamma, m.rstd, cols, t, dgamma, dbeta, dxa);
+    LayerNormBackwardRow<Acc, I>(xhat, d_ln, gamma, m.rstd, cols, t, dgamma, dbeta, dxa);
     StoreRow<T, Acc>(dxa, cols, dx.Row(r));
     dx.Done(r);
   }
@@ -191,7 +191,8 @@ void NormMulForward(tensorflow::OpKernelContext* ctx, const NormMulArgs<T>& a, T
     std::vector<Acc> buf(4 * cols);
     std::vector<T> staging(stream ? cols : 0);
     const RowOut<T> out{y, stream ? staging.data() : nullptr, cols};
-    RECOPS_WITH_ISA(NormMulForwardRows<T>(a, gamma.data(), beta.data(), r0, r1, buf.data(), out));
+    RECOPS_WITH_ISA((NormMulForwardRows<T, I>(a, gamma.data(), beta.data(), r0, r1, buf.data(),
+                                               out)));
     if (stream) StreamFence();
   });
 }
@@ -218,8 +219,9 @@ void NormMulBackward(tensorflow::OpKernelContext* ctx, const NormMulArgs<T>& a, 
       const int64_t r0 = partials.ChunkBegin(k, rows), r1 = partials.ChunkBegin(k + 1, rows);
       Acc* dgamma_k = partials.Partial(k, 0);
       Acc* dbeta_k = partials.Partial(k, 1);
-      RECOPS_WITH_ISA(NormMulBackwardRows<T>(a, gamma.data(), beta.data(), dy, r0, r1,
-                                             buf.data(), dx_out, du_out, dgamma_k, dbeta_k));
+      RECOPS_WITH_ISA((NormMulBackwardRows<T, I>(a, gamma.data(), beta.data(), dy, r0, r1,
+                                                 buf.data(), dx_out, du_out, dgamma_k,
+                                                 dbeta_k)));
     }
     if (stream) StreamFence();
   });
