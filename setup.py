@@ -7,7 +7,10 @@ recops_tf/_build_info.json recording the TensorFlow version it was built for, wh
 checks before loading.
 
 Rebuild after editing C++:  python setup.py build_ext --inplace
-Parallel compile jobs: RECOPS_BUILD_JOBS (default: number of CPUs, at most 2 per 1.5 GB free).
+Parallel compile jobs: RECOPS_BUILD_JOBS (default: the number of CPUs, at most 2). The largest
+translation units start first, and each one prints a progress line (pip shows them with -v).
+The TensorFlow built against is the one this Python imports or, in pip's isolated build
+environment, the one installed for the interpreter running pip (see _build_backend.py).
 Sanitizer build: RECOPS_SANITIZE=address,undefined (any -fsanitize= list) compiles with
 -fsanitize=<list> -fno-omit-frame-pointer -g -O1 -fno-wrapv instead of -O3 -g0, links with
 -fsanitize=<list>, and keeps its objects apart (build/sanitize/<list>) so normal objects are
@@ -18,7 +21,10 @@ import glob
 import json
 import os
 import re
+import subprocess
 import sys
+import threading
+import time
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -40,20 +46,50 @@ def _headers():
     return sorted(glob.glob("op_defs/*.h")) + sorted(glob.glob("kernels/**/*.h", recursive=True))
 
 
+_TF_CODE = ("import json, tensorflow as tf; print(json.dumps([tf.__version__, "
+            "tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()]))")
+
+
+def installed_tensorflow_build_flags(python):
+    """(version, compile flags, link flags) of the TensorFlow that `python` imports outside
+    pip's isolated build environment (``-I`` leaves out the PYTHONPATH through which pip puts
+    that environment in front)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([python, "-I", "-c", _TF_CODE], capture_output=True, text=True,
+                         env=env)
+    if out.returncode != 0:
+        raise SystemExit(
+            f"recops_tf: building the op library needs TensorFlow 2.21, and {python} has none: "
+            "pip install 'tensorflow-cpu==2.21.*' (or 'tensorflow==2.21.*') first. "
+            f"({' '.join(out.stderr.strip().splitlines()[-1:])})")
+    version, compile_flags, link_flags = json.loads(out.stdout.strip().splitlines()[-1])
+    return version, compile_flags, link_flags
+
+
+def tensorflow_build_flags():
+    """(version, compile flags, link flags) of the TensorFlow to build against: the one this
+    Python imports or, in pip's isolated build environment when _build_backend.py found a
+    TensorFlow 2.21 installed and asked for none, that installed one."""
+    try:
+        import tensorflow as tf  # imported here: only needed when building
+    except ImportError:
+        return installed_tensorflow_build_flags(sys.executable)
+    return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+
+
 class TFBuildExt(build_ext):
     """Compiles the op library with TensorFlow's flags, two translation units at a time."""
 
     def build_extensions(self):
-        import tensorflow as tf  # imported here: only needed when building
-
+        tf_version, tf_compile_flags, tf_link_flags = tensorflow_build_flags()
         compile_flags = []
-        for flag in tf.sysconfig.get_compile_flags():
+        for flag in tf_compile_flags:
             if flag.startswith("-I"):
                 # TF headers as system headers keep -Wall -Wextra about our own code.
                 compile_flags += ["-isystem", flag[2:]]
             else:
                 compile_flags.append(flag)
-        self._tf_version = tf.__version__
+        self._tf_version = tf_version
         # -Wno-psabi: GCC notes that 64-byte vector values change the ABI; in the kernels they
         # only pass between always_inline functions.
         self._compile_flags = compile_flags + [
@@ -63,7 +99,7 @@ class TFBuildExt(build_ext):
             # is 2-3x faster for it).
             "-fno-math-errno",
         ]
-        self._link_flags = tf.sysconfig.get_link_flags()
+        self._link_flags = list(tf_link_flags)
         if SANITIZE:
             # Debuggable, instrumented code: frame pointers and -g for readable stack traces,
             # -O1 so the instrumented build stays fast enough to run the test suite.
@@ -101,19 +137,37 @@ class TFBuildExt(build_ext):
         fresh_flags = os.path.exists(stamp_path) and open(stamp_path).read() == stamp
         newest_header = max([os.path.getmtime(h) for h in _headers()] + [0])
 
+        def fresh(src):
+            obj = self.compiler.object_filenames([src], output_dir=build_temp)[0]
+            return (fresh_flags and os.path.exists(obj) and
+                    os.path.getmtime(obj) > max(os.path.getmtime(src), newest_header))
+
+        # The largest translation units take minutes (kernels/hstu_dense_kernels.cc 9.5 of
+        # the 20 a one-job compile took here): they start first, so that the other jobs
+        # compile everything else meanwhile. The link keeps the sources' order.
+        sources = sorted(ext.sources, key=os.path.getsize, reverse=True)
+        stale = [src for src in sources if not fresh(src)]
+        start, done, lock = time.monotonic(), [0], threading.Lock()
+        if stale:
+            self._progress(f"compiling {len(stale)} of {len(sources)} translation units, "
+                           f"{jobs} at a time (a clean build is about 20 CPU-minutes)")
+
         def compile_one(src):
             obj = self.compiler.object_filenames([src], output_dir=build_temp)[0]
-            if (fresh_flags and os.path.exists(obj) and
-                    os.path.getmtime(obj) > max(os.path.getmtime(src), newest_header)):
+            if src not in stale:
                 return obj
-            return self.compiler.compile([src], output_dir=build_temp,
-                                         extra_postargs=self._compile_flags)[0]
+            began = time.monotonic()
+            obj = self.compiler.compile([src], output_dir=build_temp,
+                                        extra_postargs=self._compile_flags)[0]
+            with lock:
+                done[0] += 1
+                self._progress(f"[{done[0]}/{len(stale)}] {src} {time.monotonic() - began:.0f} s "
+                               f"({time.monotonic() - start:.0f} s so far)")
+            return obj
 
-        sources = list(ext.sources)
-        if SANITIZE:  # instrumented TUs take minutes: start the biggest first
-            sources.sort(key=os.path.getsize, reverse=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            objects = list(pool.map(compile_one, sources))
+            compiled = dict(zip(sources, pool.map(compile_one, sources)))
+        objects = [compiled[src] for src in ext.sources]
         with open(stamp_path, "w") as f:
             f.write(stamp)
         self.compiler.link_shared_object(objects, out_path, extra_postargs=self._link_flags)
@@ -129,6 +183,10 @@ class TFBuildExt(build_ext):
             with open(os.path.join(d, "_build_info.json"), "w") as f:
                 json.dump(info, f)
 
+    @staticmethod
+    def _progress(line):
+        print(f"recops_tf build: {line}", flush=True)
+
     def get_export_symbols(self, ext):
         return []  # not a Python module: no PyInit_ symbol
 
@@ -137,7 +195,9 @@ class TFBuildExt(build_ext):
         return os.path.join(*fullname.split(".")) + ".so"
 
 
-setup(
-    ext_modules=[Extension(LIB_NAME, sources=_sources(), depends=_headers(), language="c++")],
-    cmdclass={"build_ext": TFBuildExt},
-)
+if __name__ == "__main__":  # setuptools' build backend runs this file as __main__ too
+    setup(
+        ext_modules=[Extension(LIB_NAME, sources=_sources(), depends=_headers(),
+                               language="c++")],
+        cmdclass={"build_ext": TFBuildExt},
+    )

@@ -264,5 +264,5 @@ def test_fused_and_stock_models_train_alike():
 def test_info(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
-    assert "tensorflow 2.21" in out and "recops_rma_swap_multi_tables" in out
+    assert "tensorflow 2.21" in out and "Recops>RmaSwapMultiTables" in out
     assert "eager_fallback" not in out
