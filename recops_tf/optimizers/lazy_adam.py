@@ -86,7 +86,9 @@ class LazyAdam(TableAwareOptimizer):
         m, v = self._m[index], self._v[index]
         lr_t = self._bias_corrected(learning_rate, variable.dtype)
         if isinstance(gradient, tf.IndexedSlices):
-            if variable.dtype == tf.float32:
+            # The fused kernel steps the rows of a float32 matrix; other dtypes and ranks (a
+            # gathered bias vector, a [V, a, b] table) take the same step from stock ops.
+            if variable.dtype == tf.float32 and len(variable.shape) == 2:
                 return lazy_adam_update(variable, m, v, gradient, None, lr_t, **attrs)
             return self._sparse_composite(gradient, variable, m, v, lr_t)
         g = tf.cast(gradient, variable.dtype)
@@ -96,7 +98,7 @@ class LazyAdam(TableAwareOptimizer):
         self.assign_sub(variable, lr_t * m / (tf.sqrt(v) + _constant(self.epsilon, v.dtype)))
 
     def _sparse_composite(self, gradient, variable, m, v, lr_t):
-        """The TF-Addons LazyAdam step from stock ops (for non-float32 variables)."""
+        """The TF-Addons LazyAdam step from stock ops (variables the kernel does not take)."""
         dtype = variable.dtype
         unique, position = tf.unique(gradient.indices)
         g = tf.math.unsorted_segment_sum(tf.cast(gradient.values, dtype), position,

@@ -43,7 +43,7 @@ class SparseSGD(TableAwareOptimizer):
             return sgd_update(table, slices_of_table(gradient), None, learning_rate,
                               weight_decay=wd)
         if isinstance(gradient, tf.IndexedSlices):
-            if variable.dtype == tf.float32:
+            if variable.dtype == tf.float32 and len(variable.shape) == 2:  # the kernel's case
                 return sgd_update(variable, gradient, None, learning_rate, weight_decay=wd)
             dtype = variable.dtype
             values = tf.cast(gradient.values, dtype)

@@ -191,3 +191,22 @@ def test_lazy_adam_docstring_example_runs():
     [test] = doctest.DocTestFinder(recurse=False).find(
         LazyAdam, "LazyAdam", globs={**vars(lazy_adam), "recops_tf": recops_tf})
     assert test.examples and doctest.DocTestRunner().run(test).failed == 0
+
+
+@pytest.mark.parametrize("optimizer", [lambda: LazyAdam(0.1), lambda: SparseSGD(0.1)],
+                         ids=["lazy_adam", "sparse_sgd"])
+def test_sparse_gradients_of_vectors_and_rank_3_tables(optimizer):
+    """tf.gather of a bias vector or of a [V, a, b] table gives IndexedSlices the row kernel
+    (float32 matrices) does not take: the stock-op step updates exactly the gathered rows."""
+    vector = tf.Variable(tf.zeros([6]))
+    cube = tf.Variable(tf.zeros([5, 2, 3]))
+    opt = optimizer()
+    with tf.GradientTape() as tape:
+        loss = (tf.reduce_sum(tf.gather(vector, [1, 4])) +
+                tf.reduce_sum(tf.gather(cube, [2])))
+    grads = tape.gradient(loss, [vector, cube])
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads)
+    opt.apply(grads, [vector, cube])
+    assert np.flatnonzero(vector.numpy()).tolist() == [1, 4]
+    moved = np.flatnonzero(np.abs(cube.numpy()).sum(axis=(1, 2)))
+    assert moved.tolist() == [2] and np.all(cube.numpy()[2] < 0)
