@@ -2,7 +2,7 @@
 import keras
 import tensorflow as tf
 
-from recops_tf.layers._sequences import Sequences
+from recops_tf.layers._sequences import sequences
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
 from recops_tf.ops._common import positive_int
 from recops_tf.ops.hstu_dense_fuxi import hstu_attention_fuxi
@@ -80,12 +80,12 @@ class FuxiAttention(keras.layers.Layer):
                 for x in tf.split(proj, 3, axis=-1)]
 
     def call(self, inputs, timestamps, lengths=None):
-        seqs = Sequences(self, inputs, lengths)
+        seqs = sequences(self, inputs, lengths)
         ts_bias = self.time_bias(timestamps)  # [B, S, S]
         pos_bias = toeplitz_position_bias(
             tf.cast(self.position_bias.position_weights, ts_bias.dtype), duplicate=False)[0][None]
         q, k, v = self._project(seqs.rows)
-        out = hstu_attention_fuxi(q, k, v, seq_offsets=seqs.splits, max_seq_len=self.max_seq_len,
+        out = hstu_attention_fuxi(q, k, v, seq_offsets=seqs.offsets, max_seq_len=self.max_seq_len,
                                   timestamp_bias=tf.cast(ts_bias, q.dtype),
                                   position_bias=tf.cast(pos_bias, q.dtype),
                                   silu_scale=self.silu_scale, mask_type=self.mask_type)

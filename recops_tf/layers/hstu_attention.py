@@ -2,8 +2,8 @@
 import keras
 import tensorflow as tf
 
-from recops_tf.layers._sequences import Sequences
-from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
+from recops_tf.layers._sequences import sequences
+from recops_tf.layers.relative_attention_bias import owned_relative_bias
 from recops_tf.ops._common import positive_int
 from recops_tf.ops.hstu_dense import hstu_attention
 
@@ -77,16 +77,7 @@ class HSTUAttention(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        if isinstance(relative_bias, dict):
-            relative_bias = keras.saving.deserialize_keras_object(relative_bias)
-        if relative_bias is not None:
-            if not isinstance(relative_bias, RelativeAttentionBias):
-                raise TypeError("relative_bias must be a RelativeAttentionBias layer, got "
-                                f"{type(relative_bias).__name__}")
-            if relative_bias.max_seq_len != self.max_seq_len:
-                raise ValueError(f"relative_bias.max_seq_len ({relative_bias.max_seq_len}) "
-                                 f"must equal max_seq_len ({self.max_seq_len})")
-        self.relative_bias = relative_bias
+        self.relative_bias = owned_relative_bias(relative_bias, self.max_seq_len)
 
     @property
     def _widths(self):
@@ -121,7 +112,7 @@ class HSTUAttention(keras.layers.Layer):
 
     def call(self, inputs, num_context=None, num_target=None, attn_bias=None, timestamps=None,
              lengths=None):
-        seqs = Sequences(self, inputs, lengths)
+        seqs = sequences(self, inputs, lengths)
         counts = {"num_context": num_context, "num_target": num_target}
         if self.relative_bias is not None:
             if attn_bias is not None:
@@ -139,7 +130,7 @@ class HSTUAttention(keras.layers.Layer):
                 attn_bias = tf.broadcast_to(attn_bias[:, None],
                                             [shape[0], self.num_heads, shape[1], shape[2]])
             counts["attn_bias"] = attn_bias
-        return seqs.output(self._attend(seqs.rows, seq_offsets=seqs.splits, **counts))
+        return seqs.output(self._attend(seqs.rows, seq_offsets=seqs.offsets, **counts))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.num_heads * self.value_dim,)

@@ -3,15 +3,12 @@ sequences, from the fused ops."""
 import keras
 import tensorflow as tf
 
-from recops_tf.layers._sequences import Sequences
-from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
+from recops_tf.layers._sequences import sequences
+from recops_tf.layers.relative_attention_bias import owned_relative_bias
 from recops_tf.ops._common import positive_int
 from recops_tf.ops.hstu_dense import hstu_attention
 from recops_tf.ops.in_linear_silu import in_linear_silu
 from recops_tf.ops.norm_multiply_dropout import norm_multiply_dropout
-from recops_tf.reference import hstu_dense as ref_hstu
-from recops_tf.reference import in_linear_silu as ref_in_linear_silu
-from recops_tf.reference import ln_mul as ref_ln_mul
 
 
 @keras.saving.register_keras_serializable(package="recops_tf")
@@ -27,9 +24,10 @@ class HSTUBlock(keras.layers.Layer):
       mask, a new one every training step);
     * ``out = x + Y · W_o + b_o``.
 
-    ``use_fused=False`` builds the same block from stock TF ops (the padded attention
-    composite, matmul + SiLU + split, LayerNorm · U, ``tf.nn.experimental.stateless_dropout``),
-    with the same weights: the parity oracle and the speed baseline. The input LayerNorm and
+    ``use_fused=False`` builds the same block from stock TF ops, with the same weights and the
+    same code path: each op is called with ``kernel="reference"`` (the padded attention
+    composite, matmul + SiLU + split, LayerNorm · U with the kernel's dropout mask rebuilt
+    from the seed): the parity oracle and the speed baseline. The input LayerNorm and
     the output projection are stock Keras/TF in both.
 
     Args:
@@ -81,16 +79,7 @@ class HSTUBlock(keras.layers.Layer):
         self.use_fused = bool(use_fused)
         self.seed = int(seed)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        if isinstance(relative_bias, dict):
-            relative_bias = keras.saving.deserialize_keras_object(relative_bias)
-        if relative_bias is not None:
-            if not isinstance(relative_bias, RelativeAttentionBias):
-                raise TypeError("relative_bias must be a RelativeAttentionBias layer, got "
-                                f"{type(relative_bias).__name__}")
-            if relative_bias.max_seq_len != self.max_seq_len:
-                raise ValueError(f"relative_bias.max_seq_len ({relative_bias.max_seq_len}) "
-                                 f"must equal max_seq_len ({self.max_seq_len})")
-        self.relative_bias = relative_bias
+        self.relative_bias = owned_relative_bias(relative_bias, self.max_seq_len)
         self.input_norm = keras.layers.LayerNormalization(epsilon=self.epsilon,
                                                           name="input_norm")
 
@@ -126,41 +115,20 @@ class HSTUBlock(keras.layers.Layer):
         n, dq, dv = self.num_heads, self.head_dim, self.value_dim
         rate = self.dropout_rate if training else 0.0
         seed = tf.stack([tf.constant(self.seed, tf.int64), tf.identity(self.step)])
+        kernel = "fused" if self.use_fused else "reference"
         attn_kw = dict(seq_offsets=splits, max_seq_len=self.max_seq_len, alpha=self.alpha,
-                       silu_scale=self.silu_scale, mask_type=self.mask_type)
+                       silu_scale=self.silu_scale, mask_type=self.mask_type, kernel=kernel)
         if num_targets is not None:
             attn_kw.update(num_target=num_targets, target_group_size=self.target_group_size)
-        if self.use_fused:
-            u, v, q, k = in_linear_silu(normed, cast(self.uvqk_kernel), cast(self.uvqk_bias),
-                                        self._splits, weight_layout="kn")
-            if self.relative_bias is not None:
-                attn_kw.update(self.relative_bias.attention_kwargs(timestamps, dtype))
-            attn = hstu_attention(tf.reshape(q, [-1, n, dq]), tf.reshape(k, [-1, n, dq]),
-                                  tf.reshape(v, [-1, n, dv]), **attn_kw)
-            y = norm_multiply_dropout(tf.reshape(attn, [-1, n * dv]), u, cast(self.norm_weight),
-                                      cast(self.norm_bias), epsilon=self.epsilon,
-                                      dropout_rate=rate, seed=seed)
-        else:
-            u, v, q, k = ref_in_linear_silu.in_linear_silu(
-                normed, cast(self.uvqk_kernel), cast(self.uvqk_bias), self._splits,
-                weight_layout="kn")
-            ref_kw = {key: attn_kw[key] for key in ("alpha", "silu_scale", "mask_type")}
-            if num_targets is not None:
-                ref_kw.update(num_target=num_targets, target_group_size=self.target_group_size)
-            if self.relative_bias is not None:
-                rel = self.relative_bias.attention_kwargs(timestamps, dtype)
-                ref_kw.update(timestamps=rel.get("timestamps"),
-                              time_bias_weights=rel.get("time_bias_weights"),
-                              position_bias_weights=rel.get("position_bias_weights"),
-                              bucket_divisor=rel["bucket_divisor"])
-            attn = ref_hstu.hstu_attention(
-                tf.reshape(q, [-1, n, dq]), tf.reshape(k, [-1, n, dq]),
-                tf.reshape(v, [-1, n, dv]), splits, splits, self.max_seq_len,
-                self.max_seq_len, **ref_kw)
-            y = ref_ln_mul.ln_mul(tf.reshape(attn, [-1, n * dv]), u, cast(self.norm_weight),
-                                  cast(self.norm_bias), self.epsilon)
-            if rate > 0.0:
-                y = tf.nn.experimental.stateless_dropout(y, rate, seed=seed)
+        if self.relative_bias is not None:
+            attn_kw.update(self.relative_bias.attention_kwargs(timestamps, dtype))
+        u, v, q, k = in_linear_silu(normed, cast(self.uvqk_kernel), cast(self.uvqk_bias),
+                                    self._splits, weight_layout="kn", kernel=kernel)
+        attn = hstu_attention(tf.reshape(q, [-1, n, dq]), tf.reshape(k, [-1, n, dq]),
+                              tf.reshape(v, [-1, n, dv]), **attn_kw)
+        y = norm_multiply_dropout(tf.reshape(attn, [-1, n * dv]), u, cast(self.norm_weight),
+                                  cast(self.norm_bias), epsilon=self.epsilon, dropout_rate=rate,
+                                  seed=seed, kernel=kernel)
         if training and self.dropout_rate > 0.0:
             self.step.assign_add(1)
         return rows + tf.matmul(y, cast(self.out_kernel)) + cast(self.out_bias)
@@ -169,8 +137,8 @@ class HSTUBlock(keras.layers.Layer):
         training = bool(training)
         if self.relative_bias is None and timestamps is not None:
             raise ValueError("HSTUBlock: timestamps need a relative_bias layer")
-        seqs = Sequences(self, inputs, lengths)
-        return seqs.output(self._block(seqs.rows, seqs.splits, seqs.rows_of(timestamps),
+        seqs = sequences(self, inputs, lengths)
+        return seqs.output(self._block(seqs.rows, seqs.offsets, seqs.rows_of(timestamps),
                                        num_targets, training))
 
     def compute_output_shape(self, input_shape):

@@ -112,3 +112,19 @@ class RelativeAttentionBias(keras.layers.Layer):
             "initializer": keras.initializers.serialize(self.initializer),
         })
         return config
+
+
+def owned_relative_bias(relative_bias, max_seq_len):
+    """The ``relative_bias`` argument of an attention layer that owns one: None, a
+    ``RelativeAttentionBias`` of the layer's ``max_seq_len``, or its serialized config (what
+    ``from_config`` passes back)."""
+    if isinstance(relative_bias, dict):
+        relative_bias = keras.saving.deserialize_keras_object(relative_bias)
+    if relative_bias is not None:
+        if not isinstance(relative_bias, RelativeAttentionBias):
+            raise TypeError("relative_bias must be a RelativeAttentionBias layer, got "
+                            f"{type(relative_bias).__name__}")
+        if relative_bias.max_seq_len != max_seq_len:
+            raise ValueError(f"relative_bias.max_seq_len ({relative_bias.max_seq_len}) "
+                             f"must equal max_seq_len ({max_seq_len})")
+    return relative_bias

@@ -117,6 +117,97 @@ def ragged_parts(rt, name):
     return rt.values, rt.row_splits
 
 
+def flat_rows(x, u, fn_name):
+    """(x, u, rebuild): the dense values of x and u (ragged: their flat values, which must have
+    the same row structure) and a function that gives a result x's structure back."""
+    if isinstance(x, tf.RaggedTensor) or isinstance(u, tf.RaggedTensor):
+        if not (isinstance(x, tf.RaggedTensor) and isinstance(u, tf.RaggedTensor)):
+            raise TypeError(f"{fn_name}: x and u must both be ragged or both dense")
+        return x.flat_values, u.flat_values, x.with_flat_values
+    return x, u, lambda y: y
+
+
+class JaggedBatch:
+    """A batch of sequences as jagged ``rows`` ``[T, ...]`` and row ``offsets`` ``[B + 1]``
+    (int64), built from
+
+    * a ``tf.RaggedTensor`` ``[B, (L), ...]`` (one ragged axis; its values and row splits),
+    * a dense ``[B, S, ...]`` whose rows all have length S (``offsets = range(B + 1) * S``),
+    * a padded dense ``[B, S, ...]`` with its ``lengths`` ``[B]`` (checked when run:
+      one per row, ``0 <= length <= S``; the padding is dropped).
+
+    ``output(rows)`` gives result rows ``[T, ...]`` back in the input's kind (ragged; dense; or
+    padded with zeros) and ``rows_of(x)`` a per-token companion (timestamps) in the rows' order.
+    The one place where a layout becomes jagged rows: the ops and the layers use it.
+    """
+
+    def __init__(self, x, lengths=None, fn="recops_tf"):
+        self._lengths = self._shape = None
+        if isinstance(x, tf.RaggedTensor):
+            if lengths is not None:
+                raise ValueError(f"{fn}: lengths are for a padded dense input; a "
+                                 "tf.RaggedTensor carries its own")
+            self.rows, self.offsets = x.values, x.row_splits
+            return
+        x = tf.convert_to_tensor(x)
+        self._shape = tf.shape(x, out_type=tf.int64)
+        self._static = x.shape[:2]
+        if lengths is None:
+            self.rows = tf.reshape(x, tf.concat([[-1], self._shape[2:]], 0))
+            self.rows.set_shape(tf.TensorShape([None]).concatenate(x.shape[2:]))
+            self.offsets = tf.range(self._shape[0] + 1) * self._shape[1]
+            return
+        lengths = tf.cast(index_tensor(lengths, "lengths"), tf.int64)
+        checks = [
+            tf.debugging.assert_equal(tf.size(lengths, out_type=tf.int64), self._shape[0],
+                                      message=f"{fn}: lengths must have one entry per row "
+                                      "of the batch"),
+            tf.debugging.assert_non_negative(lengths, message=f"{fn}: lengths must be >= 0"),
+            tf.debugging.assert_less_equal(lengths, self._shape[1],
+                                           message=f"{fn}: lengths must be <= S, the padded "
+                                           "input's sequence axis")]
+        with tf.control_dependencies(checks):
+            self._lengths = tf.identity(lengths)
+        ragged = tf.RaggedTensor.from_tensor(x, lengths=self._lengths)
+        self.rows, self.offsets = ragged.values, ragged.row_splits
+
+    def rows_of(self, x, name="timestamps"):
+        """A per-token companion (``[B, (L)]`` ragged or ``[B, S]`` dense) as ``[T]``, in the
+        rows' order (None stays None)."""
+        if x is None:
+            return None
+        if isinstance(x, tf.RaggedTensor):
+            if x.ragged_rank != 1:
+                raise ValueError(f"ragged {name} must be [B, (L)], got {describe(x)}")
+            return x.values
+        if self._lengths is not None:
+            return tf.RaggedTensor.from_tensor(x, lengths=self._lengths).values
+        return tf.reshape(x, [-1])
+
+    def output(self, rows):
+        """Result rows ``[T, ...]`` in the input's kind: ``[B, (L), ...]`` or ``[B, S, ...]``."""
+        ragged = tf.RaggedTensor.from_row_splits(rows, self.offsets, validate=False)
+        if self._shape is None:
+            return ragged
+        shape = tf.concat([self._shape[:2], tf.shape(rows, out_type=tf.int64)[1:]], 0)
+        out = (tf.reshape(rows, shape) if self._lengths is None
+               else ragged.to_tensor(shape=shape))
+        out.set_shape(self._static.concatenate(rows.shape[1:]))
+        return out
+
+
+KERNELS = ("fused", "reference")
+
+
+def check_kernel(kernel, fn):
+    """``kernel`` of a public function: ``"fused"`` (the op library) or ``"reference"`` (the
+    stock-TF composite of ``recops_tf.reference``, same arguments and layouts, differentiated
+    by TensorFlow). Returns True for the fused kernel."""
+    if kernel not in KERNELS:
+        raise ValueError(f"{fn}: kernel must be 'fused' or 'reference', got {kernel!r}")
+    return kernel == "fused"
+
+
 def zeros_if_none(grad, like):
     return tf.zeros_like(like) if grad is None else grad
 

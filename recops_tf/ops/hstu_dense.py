@@ -1,81 +1,19 @@
 """HSTU attention: fused forward and backward (stem hstu_dense)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import (describe, index_tensor, lib, op_attrs, positive_int,
+from recops_tf.ops._attention import (check_layout, check_mask_type, mask_input, ragged_heads,
+                                      seq_lens, static_dim)
+from recops_tf.ops._common import (JaggedBatch, check_kernel, index_tensor, lib, op_attrs,
                                    value_tensors)
 from recops_tf.ops.relative_attn_bias import DEFAULT_BUCKET_DIVISOR
-
-MASK_TYPES = ("causal", "none", "custom")
-
-
-def _check_mask_type(mask_type):
-    if mask_type in ("upper", "upper_triangular", "upper triangular", 1):
-        raise ValueError("mask_type 'upper triangular' is not supported (as in Rec SDK); use "
-                         "'causal', 'none' or 'custom'")
-    if mask_type not in MASK_TYPES:
-        raise ValueError(f"mask_type must be one of {MASK_TYPES}, got {mask_type!r}")
-
-
-def _mask_input(mask_type, mask, dtype, shape):
-    """The op's mask input: the custom mask (required for 'custom', refused otherwise; already
-    a tensor of the inputs' dtype), or an empty tensor."""
-    if mask_type == "custom":
-        if mask is None:
-            raise ValueError(f"mask_type 'custom' needs a mask {shape}")
-        return mask
-    if mask is not None:
-        raise ValueError(f"a mask was given but mask_type is {mask_type!r}; use 'custom'")
-    return tf.zeros([0], dtype)
-
-
-def _static_dim(x, axis, what):
-    dim = x.shape[axis]
-    if dim is None:
-        raise ValueError(f"{what} must be given when it cannot be read from a static shape")
-    return max(int(dim), 1)
-
-
-def _seq_lens(fn, max_seq_len, max_seq_len_k=None):
-    """``max_seq_len`` / ``max_seq_len_k`` checked (positive ints) where given."""
-    return tuple(None if n is None else positive_int(n, what, fn)
-                 for n, what in ((max_seq_len, "max_seq_len"),
-                                 (max_seq_len_k, "max_seq_len_k")))
-
-
-def _ragged_heads(fn, **named):
-    """(values, row_splits) of each ragged ``[B, (L), N, D]`` argument, in order: one ragged
-    axis, then heads and head size (checked where the static shape shows them)."""
-    out = []
-    for name, x in named.items():
-        if not isinstance(x, tf.RaggedTensor):
-            raise TypeError(f"{fn}: with a ragged q, {name} must be a tf.RaggedTensor too, "
-                            f"got {describe(x)}")
-        rank = x.shape.rank
-        if x.ragged_rank != 1 or rank not in (None, 4):
-            hint = (f": add the heads axis, e.g. {name}.with_values(tf.reshape({name}.values, "
-                    "[-1, num_heads, head_dim]))" if x.ragged_rank == 1 and rank == 3 else "")
-            raise ValueError(f"{fn}: a ragged {name} must be [B, (L), N, D] (one ragged axis, "
-                             f"then heads N and head size D), got {describe(x)}{hint}")
-        out += [x.values, x.row_splits]
-    return out
-
-
-def _check_layout(fn, jagged, **named):
-    """Static ranks of dense arguments: ``[T, N, D]`` with offsets (jagged), else
-    ``[B, S, N, D]``."""
-    rank, layout = (3, "jagged [T, N, D] (with seq_offsets)") if jagged else (
-        4, "dense [B, S, N, D] (or a tf.RaggedTensor [B, (L), N, D]) without seq_offsets")
-    for name, x in named.items():
-        if x.shape.rank not in (None, rank):
-            raise ValueError(f"{fn}: {name} must be {layout}, got {describe(x)} (rank "
-                             f"{x.shape.rank})")
-
+from recops_tf.reference import hstu_dense as reference
 
 def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, silu_scale=0.0,
                    mask_type="causal", mask=None, attn_bias=None, num_context=None,
                    num_target=None, target_group_size=0, seq_offsets_k=None, max_seq_len_k=None,
                    window_size=None, timestamps=None, time_bias_weights=None,
-                   position_bias_weights=None, bucket_divisor=DEFAULT_BUCKET_DIVISOR, name=None):
+                   position_bias_weights=None, bucket_divisor=DEFAULT_BUCKET_DIVISOR,
+                   kernel="fused", name=None):
     """HSTU attention (pointwise SiLU attention of generative recommenders), fused.
 
     Definition, per sequence b, query head h (kv head ``h // (Nq/Nk)``), query i, key j:
@@ -130,6 +68,10 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
       position_bias_weights: ``[2 * max_seq_len_k - 1]`` learned weight per relative position
         ``j - i`` (offset by ``max_seq_len_k - 1``), likewise fused.
       bucket_divisor: the time buckets' log width (positive).
+      kernel: ``"fused"`` (the op library) or ``"reference"``: the padded stock-TF composite
+        (``recops_tf.reference.hstu_dense``; it builds the ``[B, N, S, Sk]`` scores),
+        with the same arguments, layouts and checks, differentiated by TensorFlow: the parity
+        oracle and speed baseline (generative-recommenders' ``kernel=`` switch).
       name: optional op name.
 
     Returns:
@@ -167,13 +109,15 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
     zero) and parallel over (sequence, head, query block) work items balanced by cost. No XLA
     kernel: a Keras layer calling it sets ``supports_jit = False`` (as ``HSTUAttention`` does).
     """
-    _check_mask_type(mask_type)
-    max_seq_len, max_seq_len_k = _seq_lens("hstu_attention", max_seq_len, max_seq_len_k)
+    check_mask_type(mask_type)
+    fused = check_kernel(kernel, "hstu_attention")
+    max_seq_len, max_seq_len_k = seq_lens("hstu_attention", max_seq_len, max_seq_len_k)
     opts = dict(alpha=alpha, silu_scale=silu_scale, mask_type=mask_type, mask=mask,
                 attn_bias=attn_bias, num_context=num_context, num_target=num_target,
                 target_group_size=target_group_size, window_size=window_size,
                 time_bias_weights=time_bias_weights,
-                position_bias_weights=position_bias_weights, bucket_divisor=bucket_divisor)
+                position_bias_weights=position_bias_weights, bucket_divisor=bucket_divisor,
+                fused=fused)
     if (timestamps is None) != (time_bias_weights is None):
         raise ValueError("hstu_attention: timestamps and time_bias_weights go together")
     if attn_bias is not None and (time_bias_weights is not None
@@ -181,67 +125,107 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
         raise ValueError("hstu_attention: attn_bias cannot be combined with the fused relative "
                          "bias (time_bias_weights / position_bias_weights)")
     with tf.name_scope(name or "hstu_attention"):
+        if seq_offsets is not None:  # jagged
+            q, k, v = value_tensors("hstu_attention", q=q, k=k, v=v)
+            check_layout("hstu_attention", True, q=q, k=k, v=v)
+            if max_seq_len is None:
+                raise ValueError("max_seq_len must be given with seq_offsets")
+            return _jagged(q, k, v, seq_offsets,
+                           seq_offsets if seq_offsets_k is None else seq_offsets_k, max_seq_len,
+                           max_seq_len_k, timestamps, **opts)
         if isinstance(q, tf.RaggedTensor):
-            qv, oq, kv_, ok, vv, _ = _ragged_heads("hstu_attention", q=q, k=k, v=v)
+            ragged_heads("hstu_attention", q=q, k=k, v=v)
             if max_seq_len is None:
                 raise ValueError("max_seq_len must be given for ragged inputs")
-            if isinstance(timestamps, tf.RaggedTensor):
-                if timestamps.ragged_rank != 1:
-                    raise ValueError("hstu_attention: ragged timestamps must be [B, (L)], got "
-                                     f"{describe(timestamps)}")
-                timestamps = timestamps.values
-            out = _jagged(qv, kv_, vv, oq, ok, max_seq_len, max_seq_len_k, timestamps, **opts)
-            return tf.RaggedTensor.from_row_splits(out, oq, validate=False)
-        q, k, v = value_tensors("hstu_attention", q=q, k=k, v=v)
-        _check_layout("hstu_attention", seq_offsets is not None, q=q, k=k, v=v)
-        if seq_offsets is None:
-            s, sk = _static_dim(q, 1, "max_seq_len"), _static_dim(k, 1, "max_seq_len_k")
-            max_seq_len = s if max_seq_len is None else max_seq_len
-            max_seq_len_k = sk if max_seq_len_k is None else max_seq_len_k
-            qs, ks = tf.shape(q, out_type=tf.int64), tf.shape(k, out_type=tf.int64)
-            oq = tf.range(qs[0] + 1) * qs[1]
-            ok = tf.range(ks[0] + 1) * ks[1]
-            if timestamps is not None:
-                timestamps = tf.reshape(index_tensor(timestamps, "timestamps"), [-1])
-            out = _jagged(tf.reshape(q, [-1, q.shape[2], q.shape[3]]),
-                          tf.reshape(k, [-1, k.shape[2], k.shape[3]]),
-                          tf.reshape(v, [-1, v.shape[2], v.shape[3]]), oq, ok, max_seq_len,
-                          max_seq_len_k, timestamps, **opts)
-            return tf.reshape(out, tf.concat([qs[:3], [tf.shape(v, out_type=tf.int64)[3]]], 0))
-        if max_seq_len is None:
-            raise ValueError("max_seq_len must be given with seq_offsets")
-        return _jagged(q, k, v, seq_offsets,
-                       seq_offsets if seq_offsets_k is None else seq_offsets_k, max_seq_len,
-                       max_seq_len_k, timestamps, **opts)
+        else:
+            q, k, v = value_tensors("hstu_attention", q=q, k=k, v=v)
+            check_layout("hstu_attention", False, q=q, k=k, v=v)
+            max_seq_len = static_dim(q, 1, "max_seq_len") if max_seq_len is None else max_seq_len
+            if max_seq_len_k is None:
+                max_seq_len_k = static_dim(k, 1, "max_seq_len_k")
+        queries, keys = JaggedBatch(q), JaggedBatch(k)
+        out = _jagged(queries.rows, keys.rows, JaggedBatch(v).rows, queries.offsets,
+                      keys.offsets, max_seq_len, max_seq_len_k, keys.rows_of(timestamps),
+                      **opts)
+        return queries.output(out)
 
 
 def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, timestamps, *,
             alpha, silu_scale, mask_type, mask, attn_bias, num_context, num_target,
             target_group_size, window_size, time_bias_weights, position_bias_weights,
-            bucket_divisor):
+            bucket_divisor, fused):
     max_seq_len_k = max_seq_len if max_seq_len_k is None else max_seq_len_k
     index = [index_tensor(seq_offsets, "seq_offsets"), index_tensor(seq_offsets_k, "seq_offsets_k")]
     for count, what in ((num_context, "num_context"), (num_target, "num_target"),
                         (timestamps, "timestamps")):
-        index.append(tf.zeros([0], tf.int64) if count is None else index_tensor(count, what))
-    if len({t.dtype for t in index}) > 1:
-        index = [tf.cast(t, tf.int64) for t in index]
-    *index, timestamps = index
+        index.append(None if count is None else index_tensor(count, what))
+    if len({t.dtype for t in index if t is not None}) > 1:
+        index = [None if t is None else tf.cast(t, tf.int64) for t in index]
     q, k, v, mask, attn_bias, *weights = value_tensors(
         "hstu_attention", q=q, k=k, v=v, mask=mask, attn_bias=attn_bias,
         time_bias_weights=time_bias_weights, position_bias_weights=position_bias_weights)
-    mask = _mask_input(mask_type, mask, q.dtype, "[B, Nq, max_seq_len, max_seq_len_k]")
-    has_bias = attn_bias is not None
-    attn_bias = attn_bias if has_bias else tf.zeros([0], q.dtype)
-    weights = [tf.zeros([0], q.dtype) if w is None else w for w in weights]
+    mask = mask_input(mask_type, mask, q.dtype, "[B, Nq, max_seq_len, max_seq_len_k]")
     left, right = (-1, -1) if window_size is None else (int(window_size[0]), int(window_size[1]))
+    if not fused:
+        return _reference(q, k, v, *index, mask, attn_bias, *weights, max_seq_len,
+                          max_seq_len_k, alpha, silu_scale, mask_type, target_group_size, left,
+                          right, bucket_divisor)
+    empty = lambda t, dtype: tf.zeros([0], dtype) if t is None else t  # noqa: E731
+    index = [empty(t, index[0].dtype) for t in index]
     return lib().recops_hstu_dense_forward(
-        q, k, v, *index, mask, attn_bias, timestamps, *weights, max_seq_len=int(max_seq_len),
+        q, k, v, *index[:4], mask, empty(attn_bias, q.dtype), index[4],
+        *(empty(w, q.dtype) for w in weights), max_seq_len=int(max_seq_len),
         max_seq_len_k=int(max_seq_len_k), alpha=float(alpha), silu_scale=float(silu_scale),
         mask_type=mask_type, target_group_size=int(target_group_size), window_left=left,
-        window_right=right, has_bias=has_bias, has_time_bias=time_bias_weights is not None,
+        window_right=right, has_bias=attn_bias is not None,
+        has_time_bias=time_bias_weights is not None,
         has_position_bias=position_bias_weights is not None,
         bucket_divisor=float(bucket_divisor))
+
+
+def _reference(q, k, v, offsets, offsets_k, num_context, num_target, timestamps, mask,
+               attn_bias, time_weights, position_weights, max_seq_len, max_seq_len_k, alpha,
+               silu_scale, mask_type, target_group_size, left, right, bucket_divisor):
+    """hstu_attention's composite on jagged arguments (what ``kernel="reference"`` runs).
+    The kernel's checks without which the composite would give silent garbage are asserted
+    first (InvalidArgumentError when run): sequences within max_seq_len(_k), no more queries
+    than keys, counts of one entry per sequence, one timestamp per key row; bad offsets are
+    refused by ``tf.RaggedTensor.from_row_splits``."""
+    lq = tf.cast(offsets[1:] - offsets[:-1], tf.int64)
+    lk = tf.cast(offsets_k[1:] - offsets_k[:-1], tf.int64)
+    checks = [
+        tf.debugging.assert_equal(tf.size(offsets), tf.size(offsets_k),
+                                  message="hstu_attention: seq_offsets_k must have seq_offsets' length"),
+        tf.debugging.assert_less_equal(lq, tf.constant(max_seq_len, tf.int64),
+                                       message="hstu_attention: a query sequence is longer than max_seq_len"),
+        tf.debugging.assert_less_equal(lk, tf.constant(max_seq_len_k, tf.int64),
+                                       message="hstu_attention: a key sequence is longer than max_seq_len_k"),
+        tf.debugging.assert_less_equal(lq, lk, message="hstu_attention: more queries than keys")]
+    for count, what in ((num_context, "num_context"), (num_target, "num_target")):
+        if count is not None:
+            checks.append(tf.debugging.assert_equal(tf.size(count), tf.size(lq),
+                                                    message=f"hstu_attention: {what} must have B entries"))
+    plane = tf.stack([tf.size(lq, out_type=tf.int64), tf.shape(q, out_type=tf.int64)[1],
+                      max_seq_len, max_seq_len_k])
+    for given, what in ((mask if mask_type == "custom" else None, "mask"),
+                        (attn_bias, "attn_bias")):
+        if given is not None:
+            checks.append(tf.debugging.assert_equal(
+                tf.shape(given, out_type=tf.int64), plane,
+                message=f"hstu_attention: {what} must be [B, Nq, max_seq_len, max_seq_len_k]"))
+    if timestamps is not None:
+        checks.append(tf.debugging.assert_equal(
+            tf.size(timestamps, out_type=tf.int64), tf.cast(offsets_k[-1], tf.int64),
+            message="hstu_attention: timestamps must have one entry per key row"))
+    with tf.control_dependencies(checks):
+        q = tf.identity(q)
+    return reference.hstu_attention(
+        q, k, v, offsets, offsets_k, max_seq_len, max_seq_len_k, alpha=alpha,
+        silu_scale=silu_scale, mask_type=mask_type, mask=mask if mask_type == "custom" else None,
+        attn_bias=attn_bias, num_context=num_context, num_target=num_target,
+        target_group_size=target_group_size, window_left=left, window_right=right,
+        timestamps=timestamps, time_bias_weights=time_weights,
+        position_bias_weights=position_weights, bucket_divisor=bucket_divisor)
 
 
 _ATTRS = ("max_seq_len", "max_seq_len_k", "alpha", "silu_scale", "mask_type",
@@ -314,7 +298,7 @@ def hstu_attention_paged(q, k, v, kv_cache, *, seq_offsets, page_offsets, page_i
     >>> out.shape.as_list()
     [2, 1, 2]
     """
-    max_seq_len, max_seq_len_k = _seq_lens("hstu_attention_paged", max_seq_len, max_seq_len_k)
+    max_seq_len, max_seq_len_k = seq_lens("hstu_attention_paged", max_seq_len, max_seq_len_k)
     with tf.name_scope(name or "hstu_attention_paged"):
         q, k, v, kv_cache = value_tensors("hstu_attention_paged", q=q, k=k, v=v,
                                           kv_cache=kv_cache)

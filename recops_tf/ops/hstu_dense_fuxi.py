@@ -1,16 +1,18 @@
 """Fuxi-alpha three-channel HSTU attention (stem hstu_dense_fuxi)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib, op_attrs, value_tensors
-from recops_tf.ops.hstu_dense import (_check_layout, _check_mask_type, _mask_input,
-                                      _ragged_heads, _seq_lens, _static_dim)
+from recops_tf.ops._attention import (check_layout, check_mask_type, mask_input, ragged_heads,
+                                      seq_lens, static_dim)
+from recops_tf.ops._common import (JaggedBatch, check_kernel, index_tensor, lib, op_attrs,
+                                   value_tensors)
+from recops_tf.reference import hstu_dense_fuxi as reference
 
 _FN = "hstu_attention_fuxi"
 
 
 def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestamp_bias=None,
                         position_bias=None, mask_type="causal", mask=None, silu_scale=0.0,
-                        name=None):
+                        kernel="fused", name=None):
     """Fuxi-alpha attention: a semantic SiLU channel plus temporal and positional channels.
 
     Per sequence b and head h, with ``m`` the visibility (causal ``j <= i``; all ones for
@@ -41,6 +43,8 @@ def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestam
         ``"upper triangular"`` is rejected.
       mask: the custom mask (multiplicative).
       silu_scale: as above.
+      kernel: ``"fused"`` (the op library) or ``"reference"`` (the padded stock-TF composite,
+        same arguments, layouts and checks, differentiated by TensorFlow).
       name: optional op name.
 
     Returns:
@@ -69,49 +73,67 @@ def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestam
     >>> out.shape, out[:, 2].numpy().tolist()
     (TensorShape([3, 6]), [1.0, 2.0, 3.0])
     """
-    _check_mask_type(mask_type)
-    max_seq_len, _ = _seq_lens(_FN, max_seq_len)
+    check_mask_type(mask_type)
+    fused = check_kernel(kernel, _FN)
+    max_seq_len, _ = seq_lens(_FN, max_seq_len)
     if (timestamp_bias is None) != (position_bias is None):
         raise ValueError("hstu_attention_fuxi: give both timestamp_bias and position_bias "
                          "(the temporal and positional channels), or neither")
+    args = (timestamp_bias, position_bias, mask_type, mask, silu_scale, fused)
     with tf.name_scope(name or "hstu_attention_fuxi"):
+        if seq_offsets is not None:  # jagged
+            q, k, v = value_tensors(_FN, q=q, k=k, v=v)
+            check_layout(_FN, True, q=q, k=k, v=v)
+            if max_seq_len is None:
+                raise ValueError("max_seq_len must be given with seq_offsets")
+            return _jagged(q, k, v, seq_offsets, max_seq_len, *args)
         if isinstance(q, tf.RaggedTensor):
-            qv, splits, kv_, _, vv, _ = _ragged_heads(_FN, q=q, k=k, v=v)
+            ragged_heads(_FN, q=q, k=k, v=v)
             if max_seq_len is None:
                 raise ValueError("max_seq_len must be given for ragged inputs")
-            out = _jagged(qv, kv_, vv, splits, max_seq_len, timestamp_bias, position_bias,
-                          mask_type, mask, silu_scale)
-            return tf.RaggedTensor.from_row_splits(out, splits, validate=False)
-        q, k, v = value_tensors(_FN, q=q, k=k, v=v)
-        _check_layout(_FN, seq_offsets is not None, q=q, k=k, v=v)
-        if seq_offsets is None:
-            s = _static_dim(q, 1, "max_seq_len")
-            max_seq_len = s if max_seq_len is None else max_seq_len
-            shape = tf.shape(q, out_type=tf.int64)
-            offsets = tf.range(shape[0] + 1) * shape[1]
-            flat = [tf.reshape(x, [-1, x.shape[2], x.shape[3]]) for x in (q, k, v)]
-            out = _jagged(*flat, offsets, max_seq_len, timestamp_bias, position_bias,
-                          mask_type, mask, silu_scale)
-            return tf.reshape(out, tf.concat([shape[:2], [-1]], 0))
-        if max_seq_len is None:
-            raise ValueError("max_seq_len must be given with seq_offsets")
-        return _jagged(q, k, v, seq_offsets, max_seq_len, timestamp_bias, position_bias,
-                       mask_type, mask, silu_scale)
+        else:
+            q, k, v = value_tensors(_FN, q=q, k=k, v=v)
+            check_layout(_FN, False, q=q, k=k, v=v)
+            max_seq_len = static_dim(q, 1, "max_seq_len") if max_seq_len is None else max_seq_len
+        batch = JaggedBatch(q)
+        out = _jagged(batch.rows, JaggedBatch(k).rows, JaggedBatch(v).rows, batch.offsets,
+                      max_seq_len, *args)
+        return batch.output(out)
 
 
 def _jagged(q, k, v, seq_offsets, max_seq_len, timestamp_bias, position_bias, mask_type, mask,
-            silu_scale):
+            silu_scale, fused):
     q, k, v, ts, pos, mask = value_tensors(_FN, q=q, k=k, v=v, timestamp_bias=timestamp_bias,
                                            position_bias=position_bias, mask=mask)
-    mask = _mask_input(mask_type, mask, q.dtype, "[B, N, max_seq_len, max_seq_len]")
+    mask = mask_input(mask_type, mask, q.dtype, "[B, N, max_seq_len, max_seq_len]")
+    offsets = index_tensor(seq_offsets, "seq_offsets")
+    if not fused:
+        lengths = tf.cast(offsets[1:] - offsets[:-1], tf.int64)
+        s, batch = tf.constant(max_seq_len, tf.int64), tf.size(lengths, out_type=tf.int64)
+        checks = [tf.debugging.assert_less_equal(
+            lengths, s, message=f"{_FN}: a sequence is longer than max_seq_len")]
+        heads = tf.shape(q, out_type=tf.int64)[1]
+        for plane, shape, what in (
+                (ts, [batch, s, s], "timestamp_bias [B, max_seq_len, max_seq_len]"),
+                (pos, [1, s, s], "position_bias [1, max_seq_len, max_seq_len]"),
+                (mask if mask_type == "custom" else None, [batch, heads, s, s],
+                 "mask [B, N, max_seq_len, max_seq_len]")):
+            if plane is not None:
+                checks.append(tf.debugging.assert_equal(
+                    tf.shape(plane, out_type=tf.int64), tf.stack(shape),
+                    message=f"{_FN}: {what.split()[0]} must be {what.split(maxsplit=1)[1]}"))
+        with tf.control_dependencies(checks):
+            q = tf.identity(q)
+        return reference.hstu_attention_fuxi(
+            q, k, v, offsets, max_seq_len, ts, pos, mask_type,
+            mask if mask_type == "custom" else None, silu_scale)
     has_bias = ts is not None
     empty = tf.zeros([0], q.dtype)
     ts = empty if ts is None else ts
     pos = empty if pos is None else pos
     return lib().recops_hstu_fuxi_forward(
-        q, k, v, index_tensor(seq_offsets, "seq_offsets"), mask, ts, pos,
-        max_seq_len=int(max_seq_len), silu_scale=float(silu_scale), mask_type=mask_type,
-        has_bias=has_bias)
+        q, k, v, offsets, mask, ts, pos, max_seq_len=int(max_seq_len),
+        silu_scale=float(silu_scale), mask_type=mask_type, has_bias=has_bias)
 
 
 _ATTRS = ("max_seq_len", "silu_scale", "mask_type", "has_bias")

@@ -1,7 +1,8 @@
 """The UVQK projection of an HSTU layer: linear, SiLU, four-way split (stem in_linear_silu)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import lib, value_tensors, zeros_if_none
+from recops_tf.ops._common import check_kernel, lib, value_tensors, zeros_if_none
+from recops_tf.reference import in_linear_silu as reference
 
 
 @tf.custom_gradient
@@ -15,7 +16,8 @@ def _project(rows, weight):
     return tf.matmul(rows, weight, transpose_b=True), grad
 
 
-def in_linear_silu(x, weight, bias, split_sizes, *, weight_layout="nk", name=None):
+def in_linear_silu(x, weight, bias, split_sizes, *, weight_layout="nk", kernel="fused",
+                   name=None):
     """``silu(x · Wᵀ + b)`` split by columns into ``(u, v, q, k)``, fused.
 
     Definition: ``z = x · weightᵀ + bias`` (float32 accumulation; float64 for float64),
@@ -39,6 +41,8 @@ def in_linear_silu(x, weight, bias, split_sizes, *, weight_layout="nk", name=Non
       bias: ``[Nw]``.
       split_sizes: four non-negative ints summing to Nw.
       weight_layout: ``"nk"`` (default) or ``"kn"``.
+      kernel: ``"fused"`` (the op library) or ``"reference"`` (the stock-TF composite: matmul,
+        bias, SiLU, split; differentiated by TensorFlow).
       name: optional op name.
 
     Returns:
@@ -71,15 +75,22 @@ def in_linear_silu(x, weight, bias, split_sizes, *, weight_layout="nk", name=Non
     with tf.name_scope(name or "in_linear_silu"):
         if isinstance(x, tf.RaggedTensor):
             outs = in_linear_silu(x.flat_values, weight, bias, sizes,
-                                  weight_layout=weight_layout)
+                                  weight_layout=weight_layout, kernel=kernel)
             return tuple(x.with_flat_values(o) for o in outs)
         x, weight, bias = value_tensors("in_linear_silu", x=x, weight=weight, bias=bias)
         if weight_layout == "kn":
             weight = tf.transpose(weight)
         lead = tf.shape(x)[:-1]
         rows = tf.reshape(x, [-1, tf.shape(x)[-1]]) if x.shape.rank != 2 else x
-        xw = _project(rows, weight)
-        outs = lib().recops_in_linear_silu(xw, bias, split_sizes=sizes)
+        if check_kernel(kernel, "in_linear_silu"):
+            outs = lib().recops_in_linear_silu(_project(rows, weight), bias, split_sizes=sizes)
+        else:
+            checks = [tf.debugging.assert_equal(tf.shape(bias), tf.shape(weight)[:1],
+                                                message="in_linear_silu: bias must be [Nw]"),
+                      tf.debugging.assert_equal(tf.shape(weight)[0], sum(sizes),
+                                                message="in_linear_silu: split_sizes must sum to Nw")]
+            with tf.control_dependencies(checks):
+                outs = reference.in_linear_silu(rows, weight, bias, sizes, weight_layout="nk")
         if x.shape.rank == 2:
             return tuple(outs)
         return tuple(tf.reshape(o, tf.concat([lead, [s]], 0)) for o, s in zip(outs, sizes))

@@ -1,20 +1,11 @@
 """LayerNorm then multiply (stem ln_mul)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import lib, value_tensors
+from recops_tf.ops._common import check_kernel, flat_rows, lib, value_tensors
+from recops_tf.reference import ln_mul as reference
 
 
-def flat_rows(x, u, fn_name):
-    """(x, u, rebuild): the dense values of x and u (ragged: their flat values, which must have
-    the same row structure) and a function that gives a result x's structure back."""
-    if isinstance(x, tf.RaggedTensor) or isinstance(u, tf.RaggedTensor):
-        if not (isinstance(x, tf.RaggedTensor) and isinstance(u, tf.RaggedTensor)):
-            raise TypeError(f"{fn_name}: x and u must both be ragged or both dense")
-        return x.flat_values, u.flat_values, x.with_flat_values
-    return x, u, lambda y: y
-
-
-def ln_mul(x, u, gamma, beta, epsilon=1e-5, name=None):
+def ln_mul(x, u, gamma, beta, epsilon=1e-5, name=None, *, kernel="fused"):
     """LayerNorm over the last axis, affine, then an elementwise product with ``u``, fused.
 
     Definition, per row of ``x [..., C]``: ``mean = sum(x) / C``, ``var = sum((x - mean)^2) /
@@ -28,6 +19,8 @@ def ln_mul(x, u, gamma, beta, epsilon=1e-5, name=None):
       u: like ``x`` (ragged with the same row lengths when ``x`` is ragged).
       gamma, beta: ``[C]``.
       epsilon: positive float added to the variance.
+      kernel: ``"fused"`` (the op library) or ``"reference"`` (the stock-TF composite, the
+        same arguments and checks, differentiated by TensorFlow).
       name: optional op name.
 
     Returns:
@@ -52,6 +45,9 @@ def ln_mul(x, u, gamma, beta, epsilon=1e-5, name=None):
     with tf.name_scope(name or "ln_mul"):
         x, u, rebuild = flat_rows(x, u, "ln_mul")
         x, u, gamma, beta = value_tensors("ln_mul", x=x, u=u, gamma=gamma, beta=beta)
+        if not check_kernel(kernel, "ln_mul"):
+            return rebuild(reference.ln_mul(*reference.checked(x, u, gamma, beta, epsilon),
+                                            epsilon))
         return rebuild(lib().recops_ln_mul(x, u, gamma, beta, epsilon=float(epsilon)))
 
 

@@ -1,8 +1,9 @@
 """LayerNorm · u with inverted dropout (stem norm_multiply_dropout)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib, value_tensors
-from recops_tf.ops.ln_mul import flat_rows
+from recops_tf.ops._common import check_kernel, flat_rows, index_tensor, lib, value_tensors
+from recops_tf.reference import ln_mul as reference_ln_mul
+from recops_tf.reference import norm_multiply_dropout as reference
 
 
 def _stat_dtype(dtype):
@@ -10,7 +11,7 @@ def _stat_dtype(dtype):
 
 
 def norm_multiply_dropout(x, u, weight, bias, epsilon=1e-5, dropout_rate=0.0, training=True,
-                          seed=None, name=None):
+                          seed=None, name=None, *, kernel="fused"):
     """``dropout((LayerNorm(x) * weight + bias) * u)``, fused (HSTU's output gating).
 
     Definition, per row of ``x [..., C]`` (the Rec SDK's, any C): ``mean``, biased ``var``,
@@ -33,6 +34,9 @@ def norm_multiply_dropout(x, u, weight, bias, epsilon=1e-5, dropout_rate=0.0, tr
       training: dropout only when true (a Python bool).
       seed: ``[2]`` int32/int64 tensor or pair; ``None`` draws a fresh random seed per call
         (a stateful op), so each call gets a new mask.
+      kernel: ``"fused"`` (the op library) or ``"reference"`` (the stock-TF composite, which
+        rebuilds the same mask from the seed: both drop the same elements; differentiated by
+        TensorFlow).
       name: optional op name.
 
     Returns:
@@ -65,6 +69,15 @@ def norm_multiply_dropout(x, u, weight, bias, epsilon=1e-5, dropout_rate=0.0, tr
                                       dtype=tf.int64) if rate > 0.0
                     else tf.zeros([2], tf.int64))
         seed = index_tensor(seed, "seed")
+        if not check_kernel(kernel, "norm_multiply_dropout"):
+            if not 0.0 <= rate < 1.0:
+                raise tf.errors.InvalidArgumentError(
+                    None, None, f"norm_multiply_dropout: dropout_rate must lie in [0, 1), got "
+                    f"{dropout_rate}")
+            x, u, weight, bias = reference_ln_mul.checked(x, u, weight, bias, epsilon,
+                                                          "norm_multiply_dropout")
+            return rebuild(reference.norm_multiply_dropout(x, u, weight, bias, epsilon, rate,
+                                                           rate > 0.0, seed))
         y, _, _ = lib().recops_norm_multiply_dropout(
             x, u, weight, bias, seed, Tstat=_stat_dtype(x.dtype), epsilon=float(epsilon),
             dropout_rate=rate)

@@ -41,3 +41,9 @@ def slices_of_table(gradient):
         raise TypeError(f"the gradient of a DynamicEmbeddingTable must be an IndexedSlices "
                         f"keyed by address (from its lookups), got {type(gradient).__name__}")
     return gradient
+
+
+def dtype_constant(x, dtype):
+    """A hyperparameter ``x`` in ``dtype`` without a detour through float32 (``tf.cast`` of a
+    Python float would round it to float32 first)."""
+    return tf.cast(x, dtype) if tf.is_tensor(x) else tf.constant(x, dtype)

@@ -4,7 +4,8 @@ import tensorflow as tf
 
 from recops_tf.ops.embedding_by_address import optimizer_variable, table_of_anchor
 from recops_tf.ops.fused_lazy_adam import lazy_adam_update
-from recops_tf.optimizers._tables import TableAwareOptimizer, slices_of_table
+from recops_tf.optimizers._tables import (TableAwareOptimizer, dtype_constant,
+                                          slices_of_table)
 
 
 @keras.saving.register_keras_serializable(package="recops_tf")
@@ -72,7 +73,7 @@ class LazyAdam(TableAwareOptimizer):
     def _bias_corrected(self, learning_rate, dtype):
         """lr * sqrt(1 - beta_2**t) / (1 - beta_1**t) with t = iterations + 1, in `dtype`."""
         step = tf.cast(self.iterations + 1, dtype)
-        beta_1, beta_2 = _constant(self.beta_1, dtype), _constant(self.beta_2, dtype)
+        beta_1, beta_2 = dtype_constant(self.beta_1, dtype), dtype_constant(self.beta_2, dtype)
         return (tf.cast(learning_rate, dtype) * tf.sqrt(1 - tf.pow(beta_2, step)) /
                 (1 - tf.pow(beta_1, step)))
 
@@ -92,10 +93,10 @@ class LazyAdam(TableAwareOptimizer):
                 return lazy_adam_update(variable, m, v, gradient, None, lr_t, **attrs)
             return self._sparse_composite(gradient, variable, m, v, lr_t)
         g = tf.cast(gradient, variable.dtype)
-        b1, b2 = _constant(self.beta_1, variable.dtype), _constant(self.beta_2, variable.dtype)
+        b1, b2 = dtype_constant(self.beta_1, variable.dtype), dtype_constant(self.beta_2, variable.dtype)
         self.assign(m, b1 * m + (1 - b1) * g)
         self.assign(v, b2 * v + (1 - b2) * tf.square(g))
-        self.assign_sub(variable, lr_t * m / (tf.sqrt(v) + _constant(self.epsilon, v.dtype)))
+        self.assign_sub(variable, lr_t * m / (tf.sqrt(v) + dtype_constant(self.epsilon, v.dtype)))
 
     def _sparse_composite(self, gradient, variable, m, v, lr_t):
         """The TF-Addons LazyAdam step from stock ops (variables the kernel does not take)."""
@@ -103,12 +104,12 @@ class LazyAdam(TableAwareOptimizer):
         unique, position = tf.unique(gradient.indices)
         g = tf.math.unsorted_segment_sum(tf.cast(gradient.values, dtype), position,
                                          tf.shape(unique)[0])
-        b1, b2 = _constant(self.beta_1, dtype), _constant(self.beta_2, dtype)
+        b1, b2 = dtype_constant(self.beta_1, dtype), dtype_constant(self.beta_2, dtype)
         m_rows = b1 * tf.gather(m, unique) + (1 - b1) * g
         v_rows = b2 * tf.gather(v, unique) + (1 - b2) * tf.square(g)
         self.assign(m, tf.IndexedSlices(m_rows, unique))
         self.assign(v, tf.IndexedSlices(v_rows, unique))
-        step = lr_t * m_rows / (tf.sqrt(v_rows) + _constant(self.epsilon, dtype))
+        step = lr_t * m_rows / (tf.sqrt(v_rows) + dtype_constant(self.epsilon, dtype))
         self.assign_sub(variable, tf.IndexedSlices(step, unique))
 
     def get_config(self):
@@ -116,9 +117,3 @@ class LazyAdam(TableAwareOptimizer):
         config.pop("weight_decay", None)
         config.update(beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon)
         return config
-
-
-def _constant(x, dtype):
-    """x in dtype without a detour through float32 (tf.cast of a Python float would round it
-    to float32 first)."""
-    return tf.cast(x, dtype) if tf.is_tensor(x) else tf.constant(x, dtype)

@@ -4,8 +4,8 @@ import tensorflow as tf
 
 from recops_tf.ops.embedding_by_address import table_of_anchor
 from recops_tf.ops.fused_sgd import sgd_update
-from recops_tf.optimizers._tables import TableAwareOptimizer, slices_of_table
-from recops_tf.optimizers.lazy_adam import _constant
+from recops_tf.optimizers._tables import (TableAwareOptimizer, dtype_constant,
+                                          slices_of_table)
 
 
 @keras.saving.register_keras_serializable(package="recops_tf")
@@ -48,13 +48,13 @@ class SparseSGD(TableAwareOptimizer):
             dtype = variable.dtype
             values = tf.cast(gradient.values, dtype)
             if wd:
-                values += _constant(wd, dtype) * tf.gather(variable, gradient.indices)
+                values += dtype_constant(wd, dtype) * tf.gather(variable, gradient.indices)
             return self.assign_sub(variable, tf.IndexedSlices(
                 tf.cast(learning_rate, dtype) * values, gradient.indices))
         lr = tf.cast(learning_rate, variable.dtype)
         g = tf.cast(gradient, variable.dtype)
         if wd:
-            g += _constant(wd, variable.dtype) * variable
+            g += dtype_constant(wd, variable.dtype) * variable
         self.assign_sub(variable, lr * g)
 
     def get_config(self):

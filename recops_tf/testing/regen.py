@@ -372,10 +372,14 @@ def robustness_rules_text():
     out = []
     raised = _raised_messages()
 
-    def modules(*names):  # the stem's Python modules and the shared ones
+    def modules(*names):  # the stem's Python modules, _common and the ops/_*.py they import
         names += ("recops_tf/ops/_common.py",)
-        return {p: m for p, m in raised.items()
-                if any(os.path.relpath(p, ROOT).startswith(n) for n in names)}
+        paths = {p for p in raised if any(os.path.relpath(p, ROOT).startswith(n) for n in names)}
+        for path in sorted(paths):
+            with open(path) as f:
+                for private in re.findall(r"^from recops_tf\.ops\.(_\w+) import", f.read(), re.M):
+                    paths.add(os.path.join(ROOT, "recops_tf", "ops", private + ".py"))
+        return {p: raised[p] for p in sorted(paths) if p in raised}
 
     sources = [(row.stem, os.path.join(ROOT, "tests", "ops", f"test_{row.stem}.py"),
                 row.public, modules(f"recops_tf/ops/{row.stem}.py")) for row in _ops_table.OPS]
