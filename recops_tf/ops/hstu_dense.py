@@ -193,18 +193,21 @@ def _reference(q, k, v, offsets, offsets_k, num_context, num_target, timestamps,
     refused by ``tf.RaggedTensor.from_row_splits``."""
     lq = tf.cast(offsets[1:] - offsets[:-1], tf.int64)
     lk = tf.cast(offsets_k[1:] - offsets_k[:-1], tf.int64)
+    fn = "hstu_attention"
     checks = [
         tf.debugging.assert_equal(tf.size(offsets), tf.size(offsets_k),
-                                  message="hstu_attention: seq_offsets_k must have seq_offsets' length"),
+                                  message=f"{fn}: seq_offsets_k must have seq_offsets' length"),
         tf.debugging.assert_less_equal(lq, tf.constant(max_seq_len, tf.int64),
-                                       message="hstu_attention: a query sequence is longer than max_seq_len"),
+                                       message=f"{fn}: a query sequence is longer than "
+                                       "max_seq_len"),
         tf.debugging.assert_less_equal(lk, tf.constant(max_seq_len_k, tf.int64),
-                                       message="hstu_attention: a key sequence is longer than max_seq_len_k"),
-        tf.debugging.assert_less_equal(lq, lk, message="hstu_attention: more queries than keys")]
+                                       message=f"{fn}: a key sequence is longer than "
+                                       "max_seq_len_k"),
+        tf.debugging.assert_less_equal(lq, lk, message=f"{fn}: more queries than keys")]
     for count, what in ((num_context, "num_context"), (num_target, "num_target")):
         if count is not None:
-            checks.append(tf.debugging.assert_equal(tf.size(count), tf.size(lq),
-                                                    message=f"hstu_attention: {what} must have B entries"))
+            checks.append(tf.debugging.assert_equal(
+                tf.size(count), tf.size(lq), message=f"{fn}: {what} must have B entries"))
     plane = tf.stack([tf.size(lq, out_type=tf.int64), tf.shape(q, out_type=tf.int64)[1],
                       max_seq_len, max_seq_len_k])
     for given, what in ((mask if mask_type == "custom" else None, "mask"),
@@ -212,11 +215,11 @@ def _reference(q, k, v, offsets, offsets_k, num_context, num_target, timestamps,
         if given is not None:
             checks.append(tf.debugging.assert_equal(
                 tf.shape(given, out_type=tf.int64), plane,
-                message=f"hstu_attention: {what} must be [B, Nq, max_seq_len, max_seq_len_k]"))
+                message=f"{fn}: {what} must be [B, Nq, max_seq_len, max_seq_len_k]"))
     if timestamps is not None:
         checks.append(tf.debugging.assert_equal(
             tf.size(timestamps, out_type=tf.int64), tf.cast(offsets_k[-1], tf.int64),
-            message="hstu_attention: timestamps must have one entry per key row"))
+            message=f"{fn}: timestamps must have one entry per key row"))
     with tf.control_dependencies(checks):
         q = tf.identity(q)
     return reference.hstu_attention(

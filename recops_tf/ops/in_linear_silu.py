@@ -87,8 +87,9 @@ def in_linear_silu(x, weight, bias, split_sizes, *, weight_layout="nk", kernel="
         else:
             checks = [tf.debugging.assert_equal(tf.shape(bias), tf.shape(weight)[:1],
                                                 message="in_linear_silu: bias must be [Nw]"),
-                      tf.debugging.assert_equal(tf.shape(weight)[0], sum(sizes),
-                                                message="in_linear_silu: split_sizes must sum to Nw")]
+                      tf.debugging.assert_equal(
+                          tf.shape(weight)[0], sum(sizes),
+                          message="in_linear_silu: split_sizes must sum to Nw")]
             with tf.control_dependencies(checks):
                 outs = reference.in_linear_silu(rows, weight, bias, sizes, weight_layout="nk")
         if x.shape.rank == 2:

@@ -12,13 +12,16 @@ def checked(x, u, gamma, beta, epsilon, fn="ln_mul"):
     ``beta`` ``[C]``, a non-empty last axis, ``epsilon > 0``) as InvalidArgumentError, so that
     ``kernel="reference"`` refuses what ``"fused"`` refuses instead of broadcasting."""
     if not float(epsilon) > 0.0:
-        raise tf.errors.InvalidArgumentError(None, None, f"{fn}: epsilon must be > 0, got {epsilon}")
+        raise tf.errors.InvalidArgumentError(None, None,
+                                             f"{fn}: epsilon must be > 0, got {epsilon}")
     shape = tf.shape(x)
     cols = shape[-1:]
     checks = [
         tf.debugging.assert_equal(tf.shape(u), shape, message=f"{fn}: u must have x's shape"),
-        tf.debugging.assert_equal(tf.shape(gamma), cols, message=f"{fn}: the scale (gamma / weight) must be [C]"),
-        tf.debugging.assert_equal(tf.shape(beta), cols, message=f"{fn}: the shift (beta / bias) must be [C]"),
+        tf.debugging.assert_equal(tf.shape(gamma), cols,
+                                  message=f"{fn}: the scale (gamma / weight) must be [C]"),
+        tf.debugging.assert_equal(tf.shape(beta), cols,
+                                  message=f"{fn}: the shift (beta / bias) must be [C]"),
         tf.debugging.assert_positive(cols, message=f"{fn}: the last axis of x must not be empty")]
     with tf.control_dependencies(checks):
         return [tf.identity(t) for t in (x, u, gamma, beta)]
