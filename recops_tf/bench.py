@@ -24,7 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from recops_tf import _ops_table
-from recops_tf.testing import cases, upstream_like
+from recops_tf.testing import cases
+from recops_tf.testing.inputs import upstream_like
 
 CEILING_SIZES = {"tiny": {"copy_mb": 8, "matmul_n": 256}, "full": {"copy_mb": 256, "matmul_n": 2048}}
 TINY_NOTE = ("size tiny: toy shapes that only check the benchmark runs. Their times, rates and "

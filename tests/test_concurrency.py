@@ -13,7 +13,8 @@ import tensorflow as tf
 import recops_tf
 from recops_tf import _ops_table
 from recops_tf.bench import vjp
-from recops_tf.testing import cases, upstream_like
+from recops_tf.testing import cases
+from recops_tf.testing.inputs import upstream_like
 
 THREADS = 8
 CALLS = 4  # per thread

@@ -27,7 +27,7 @@ from recops_tf.reference import pcie_through as ref_pcie
 from recops_tf.reference import relative_attn_bias as ref_rab
 from recops_tf.reference import reverse_sequence as ref_reverse
 from recops_tf.reference import token_mixing as ref_token_mixing
-from recops_tf.testing import random_values
+from recops_tf.testing.inputs import random_values, zipf_ids
 
 
 @dataclasses.dataclass
@@ -372,12 +372,6 @@ def disentangle_attention(batch=2, heads=2, s=16, d=8, dtype=tf.float32, seed=0)
                                                                               rel),
                 a, [0, 1, 2, 3, 4], bytes_forward=0, bytes_backward=0, flops_forward=flops,
                 flops_backward=2 * flops)
-
-
-def zipf_ids(rng, count, num_rows, a=1.2):
-    """Row ids with a Zipf(a) popularity (many duplicates), spread over [0, num_rows)."""
-    ranks = rng.zipf(a, size=count) - 1
-    return (ranks * 2654435761 % num_rows).astype(np.int64)
 
 
 def _mirrored_table(rng, num_rows, dim, num_slots):
