@@ -12,7 +12,8 @@ from tensorflow.python.framework import ops as tf_ops
 
 import recops_tf
 from recops_tf import _loader, _ops_table
-from recops_tf.testing import cases, regen, smoke
+from recops_tf.testing import cases
+from recops_tf.testing.drivers import regen, smoke
 
 ROOT = regen.ROOT
 OP_NAMES = _loader.op_names()
