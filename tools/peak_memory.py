@@ -23,7 +23,7 @@ from recops_tf.testing.inputs import upstream_like
 stem, index, which = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 case = cases.build(stem, _ops_table.BY_STEM[stem].bench["full"][index])
 fn = case.fused if which == "fused" else case.reference
-up = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype) if which == "fused" else None
+up = case.upstream() if which == "fused" else None
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 with tf.GradientTape() as tape:
     watched = [case.args[i] for i in case.diff]

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from recops_tf.testing.inputs import random_values
+from recops_tf.testing.inputs import random_values, upstream_like
 
 
 @dataclasses.dataclass
@@ -33,6 +33,11 @@ class Case:
     @property
     def benchmark_baseline(self):
         return self.baseline if self.baseline is not None else self.reference
+
+    def upstream(self):
+        """The fixed upstream gradients of a differentiable case's forward+backward: random,
+        one per output of `fused`, in the dtype of the first differentiable argument."""
+        return upstream_like(self.fused(*self.args), self.args[self.diff[0]].dtype)
 
 
 def row_offsets(lengths, dtype):
