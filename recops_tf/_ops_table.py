@@ -23,7 +23,7 @@ class OpStem:
     index_dtypes: Tuple[str, ...]  # offsets / index / length dtypes
     bound: str  # "memory" or "compute": which machine ceiling the benchmark compares with
     # Benchmark shapes by size ("tiny" runs in the test suite, "full" is the real benchmark);
-    # the keys are the arguments of the stem's case builder in recops_tf.testing.cases.
+    # the keys are the arguments of the stem's case builder, recops_tf/testing/cases/<stem>.py.
     bench: Mapping[str, Tuple[Mapping[str, object], ...]]
     # Stateful stems (a table resource, in-place optimizer steps): their cases compare state
     # after one step, and they have no forward+backward benchmark.

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from recops_tf import _ops_table
-from recops_tf.testing import cases, upstream_like
+from recops_tf.testing import cases
 
 CEILING_SIZES = {"tiny": {"copy_mb": 8, "matmul_n": 256}, "full": {"copy_mb": 256, "matmul_n": 2048}}
 TINY_NOTE = ("size tiny: toy shapes that only check the benchmark runs. Their times, rates and "
@@ -127,7 +127,7 @@ def bench_case(row, case, warmup, reps, ceilings, loop=0):
                   tf.function(case.benchmark_baseline), case.bytes_forward, case.flops_forward)]
         per_call = 1
     if case.diff:
-        upstream = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype)
+        upstream = case.upstream()
         modes.append(("forward+backward", vjp(case.fused, case.diff, upstream),
                       vjp(case.benchmark_baseline, case.diff, upstream),
                       case.bytes_forward + case.bytes_backward,

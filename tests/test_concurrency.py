@@ -13,7 +13,7 @@ import tensorflow as tf
 import recops_tf
 from recops_tf import _ops_table
 from recops_tf.bench import vjp
-from recops_tf.testing import cases, upstream_like
+from recops_tf.testing import cases
 
 THREADS = 8
 CALLS = 4  # per thread
@@ -57,7 +57,7 @@ def test_one_function_from_many_threads_gives_the_single_threaded_bits(stem, sha
     case = cases.build(stem, shape)
     fns = {"forward": tf.function(case.fused)}
     if case.diff:
-        upstream = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype)
+        upstream = case.upstream()
         fns["forward+backward"] = vjp(case.fused, case.diff, upstream)
     for mode, fn in fns.items():
         want = arrays(fn(*case.args))  # traced and run once, alone

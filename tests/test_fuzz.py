@@ -1,7 +1,7 @@
 """The fuzz suite: every stem's raw ops fed RECOPS_FUZZ_CASES (default 10,000) seeded random
-malformed and boundary inputs in a child process (recops_tf.testing.fuzz). Every case must end
-in a TensorFlow error or a result; a crash (the child dies) or a hang (the timeout) fails the
-test and names the last case started."""
+malformed and boundary inputs in a child process (recops_tf.testing.drivers.fuzz). Every case
+must end in a TensorFlow error or a result; a crash (the child dies) or a hang (the timeout)
+fails the test and names the last case started."""
 import json
 import os
 import subprocess
@@ -21,7 +21,7 @@ def test_fuzz_stem(stem, tmp_path):
     log = tmp_path / "cases.log"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", RECOPS_FUZZ_LOG=str(log))
     try:
-        done = subprocess.run([sys.executable, "-m", "recops_tf.testing.fuzz", stem,
+        done = subprocess.run([sys.executable, "-m", "recops_tf.testing.drivers.fuzz", stem,
                                str(CASES), str(seed)], capture_output=True, text=True, env=env,
                               timeout=float(os.environ.get("RECOPS_FUZZ_TIMEOUT", "900")))
     except subprocess.TimeoutExpired:

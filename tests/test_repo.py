@@ -12,7 +12,8 @@ from tensorflow.python.framework import ops as tf_ops
 
 import recops_tf
 from recops_tf import _loader, _ops_table
-from recops_tf.testing import cases, regen, smoke
+from recops_tf.testing import cases
+from recops_tf.testing.drivers import regen, smoke
 
 ROOT = regen.ROOT
 OP_NAMES = _loader.op_names()
@@ -42,9 +43,18 @@ def test_row_is_complete(row):
     assert row.bound in ("memory", "compute")
     assert row.bench["tiny"] and row.bench["full"]
     assert row.stem in cases.BUILDERS
+    assert cases.BUILDERS[row.stem].__module__ == f"recops_tf.testing.cases.{row.stem}"
     for shape in row.bench["tiny"]:
         case = cases.build(row.stem, shape)
         assert case.bytes_forward > 0 or case.flops_forward > 0
+
+
+
+def test_case_modules_are_the_stems():
+    # recops_tf/testing/cases/ holds one module per stem, named after it, and _common.
+    folder = os.path.dirname(cases.__file__)
+    modules = {name[:-3] for name in os.listdir(folder) if name.endswith(".py")}
+    assert modules - {"__init__", "_common"} == {row.stem for row in _ops_table.OPS}
 
 
 STATEFUL_OPS = {"Recops>" + t for row in _ops_table.OPS if row.stateful for t in row.tf_ops}

@@ -12,7 +12,7 @@ bytes the padded design moves per rank (R x the largest chunk).
 import argparse
 import sys
 
-from recops_tf.testing import multiworker
+from recops_tf.testing.drivers import multiworker
 
 
 def main(argv=None):

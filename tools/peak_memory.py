@@ -18,11 +18,12 @@ import json, resource, sys
 import tensorflow as tf
 import recops_tf
 from recops_tf import _ops_table
-from recops_tf.testing import cases, upstream_like
+from recops_tf.testing import cases
+from recops_tf.testing.inputs import upstream_like
 stem, index, which = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 case = cases.build(stem, _ops_table.BY_STEM[stem].bench["full"][index])
 fn = case.fused if which == "fused" else case.reference
-up = upstream_like(case.fused(*case.args), case.args[case.diff[0]].dtype) if which == "fused" else None
+up = case.upstream() if which == "fused" else None
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 with tf.GradientTape() as tape:
     watched = [case.args[i] for i in case.diff]

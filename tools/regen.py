@@ -7,7 +7,7 @@ the tests). Regenerate golden and api only when an interface changes on purpose,
 the commit."""
 import sys
 
-from recops_tf.testing import regen
+from recops_tf.testing.drivers import regen
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in regen.TARGETS:

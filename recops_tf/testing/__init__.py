@@ -1,13 +1,25 @@
-"""Test helpers shared by every op's tests: the central tolerance table, the fused-vs-reference
-comparison (a float64 oracle on the same rounded inputs) and the gradient checks.
+"""Assertion helpers shared by every op's tests: the central tolerance table, the
+fused-vs-reference comparison (a float64 oracle on the same rounded inputs), the gradient
+checks and the eager / ``tf.function`` modes a test runs in.
 
 Tolerances live here and nowhere else: a test passes a dtype (and, for reductions, the input
 magnitude and reduction length) and gets its bounds from ``tolerance``.
+
+The rest of the package, one job each:
+
+- ``inputs``: random inputs rounded to a dtype (values, upstream gradients, Zipf row ids);
+- ``layers``: what the Keras layer tests share (a timed ragged batch, a target, a short fit);
+- ``cases``: the case builders, one module per stem of the ops table (``cases/<stem>.py``),
+  used by the tests, the benchmark and the tools;
+- ``drivers``: programs that run the library or generate from it: the smoke run, the fuzzer,
+  the multi-worker launcher and the generated docs and golden files.
 """
 import math
 
 import numpy as np
 import tensorflow as tf
+
+from recops_tf.testing.inputs import upstream_like
 
 # (rtol, atol) for one rounding of a unit-magnitude value.
 TOLERANCES = {
@@ -29,16 +41,6 @@ def tolerance(dtype, magnitude=1.0, reduction=1):
     rtol, atol = TOLERANCES[dtype]
     scale = max(1.0, math.sqrt(reduction))
     return rtol * scale, atol * magnitude * scale
-
-
-def random_values(shape, dtype, seed=0, low=-1.0, high=1.0):
-    """Random values already rounded to `dtype` (ints: in [low*100, high*100))."""
-    rng = np.random.default_rng(seed)
-    dtype = tf.as_dtype(dtype)
-    if dtype.is_integer:
-        return tf.constant(rng.integers(int(low * 100), int(high * 100), size=shape),
-                           dtype=dtype)
-    return tf.cast(tf.constant(rng.uniform(low, high, size=shape)), dtype)
 
 
 def to_float64(x):
@@ -101,16 +103,6 @@ def _weighted_sum(outputs, upstream):
             out = out.flat_values
         total += tf.reduce_sum(tf.cast(out, tf.float64) * tf.cast(u, tf.float64))
     return total
-
-
-def upstream_like(outputs, dtype, seed=1):
-    """Random upstream gradients (rounded to `dtype`), one per output."""
-    ups = []
-    for i, out in enumerate(tf.nest.flatten(outputs)):
-        if isinstance(out, tf.RaggedTensor):
-            out = out.flat_values
-        ups.append(random_values(out.shape, dtype, seed=seed + i))
-    return ups
 
 
 def tape_gradients(fn, args, diff, upstream, kwargs=None):
@@ -192,44 +184,3 @@ def in_mode(fn, mode, args):
         raise ValueError(mode)
     signature = [tf.TensorSpec([None] * len(a.shape), a.dtype) for a in args]
     return tf.function(fn, input_signature=signature)
-
-
-def ragged_time_batch(lengths, d_model, seed=0, max_gap=5000):
-    """(x, timestamps): ragged ``[B, (L), d_model]`` rows in [-1, 1) and increasing int64
-    ``[B, (L)]`` timestamps with gaps in [0, max_gap) (for the relative-bias layers)."""
-    rng = np.random.default_rng(seed)
-    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    x = rng.uniform(-1, 1, size=(int(sum(lengths)), d_model)).astype(np.float32)
-    ts = np.concatenate([np.cumsum(rng.integers(0, max_gap, size=n)) for n in lengths])
-    return (tf.RaggedTensor.from_row_splits(x, splits),
-            tf.RaggedTensor.from_row_splits(ts.astype(np.int64), splits))
-
-
-def time_span_target(timestamps):
-    """``[B, 1]`` float32 targets log1p(last - first timestamp) / 5: a quantity only a
-    time-aware attention bias can see."""
-    span = [float(r[-1] - r[0]) if len(r) else 0.0 for r in timestamps.to_list()]
-    return tf.constant(np.log1p(span)[:, None] / 5.0, tf.float32)
-
-
-def fit_briefly(loss_fn, variables_fn, steps=80, learning_rate=0.03):
-    """Adam steps on ``loss_fn()`` (traced once); returns (initial loss, last loss).
-    ``variables_fn()`` gives the trained variables; it is called after the first loss, so
-    that lazily built Keras layers have their weights."""
-    import keras  # local: the op tests do not need Keras
-
-    optimizer = keras.optimizers.Adam(learning_rate)
-    first = float(loss_fn())
-    variables = variables_fn()
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = loss_fn()
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
-    last = first
-    for _ in range(steps):
-        last = float(step())
-    return first, last

@@ -2,9 +2,9 @@
 
 Points the package at the Bazel-built shared object (RECOPS_TF_LIBRARY),
 imports `recops_tf` from this test's runfiles, runs every op once through
-`recops_tf.testing.smoke.run_all()` (which compares each op with its pure-TF
-reference and raises on mismatch), and checks that the ops exercised are
-exactly the ops the loaded library registers.
+`recops_tf.testing.drivers.smoke.run_all()` (which compares each op with its
+pure-TF reference and raises on mismatch), and checks that the ops exercised
+are exactly the ops the loaded library registers.
 
 Only meaningful inside Bazel's runfiles tree; collected by pytest it skips
 (and changes nothing in the process).
@@ -60,7 +60,7 @@ class BazelSmokeTest(unittest.TestCase):
 
     def test_every_registered_op_runs(self):
         import recops_tf
-        from recops_tf.testing import smoke
+        from recops_tf.testing.drivers import smoke
 
         registered = _registered_ops(recops_tf._loader.load())
         self.assertTrue(registered, "the op library registers no ops")

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import recops_tf
 from recops_tf import distributed as dist
-from recops_tf.testing import multiworker as mw
+from recops_tf.testing.drivers import multiworker as mw
 
 
 def _run(scenario, workers, **env):

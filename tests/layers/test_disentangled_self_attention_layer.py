@@ -7,7 +7,9 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.layers import DisentangledSelfAttention
 from recops_tf.reference import disentangle_attention as ref
-from recops_tf.testing import assert_close, fit_briefly, random_values
+from recops_tf.testing import assert_close
+from recops_tf.testing.inputs import random_values
+from recops_tf.testing.layers import fit_briefly
 
 D_MODEL, MAX_LEN = 12, 10
 

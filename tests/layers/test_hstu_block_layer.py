@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from recops_tf.layers import HSTUBlock, RelativeAttentionBias
-from recops_tf.testing import assert_close, fit_briefly, ragged_time_batch, time_span_target
+from recops_tf.testing import assert_close
+from recops_tf.testing.layers import fit_briefly, ragged_time_batch, time_span_target
 
 D_MODEL, MAX_LEN = 16, 24
 LENGTHS = (5, 0, 24, 1, 13, 9)

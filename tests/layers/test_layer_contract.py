@@ -11,7 +11,7 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.layers import (DisentangledSelfAttention, FuxiAttention, HSTUAttention,
                               HSTUBlock, RelativeAttentionBias, TokenMixing)
-from recops_tf.testing import ragged_time_batch
+from recops_tf.testing.layers import ragged_time_batch
 
 D_MODEL, MAX_LEN = 16, 8
 LENGTHS = (3, 0, 5, 1)

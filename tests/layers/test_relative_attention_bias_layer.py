@@ -7,7 +7,8 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.layers import HSTUAttention, RelativeAttentionBias
 from recops_tf.reference import relative_attn_bias as ref
-from recops_tf.testing import assert_close, fit_briefly, ragged_time_batch, time_span_target
+from recops_tf.testing import assert_close
+from recops_tf.testing.layers import fit_briefly, ragged_time_batch, time_span_target
 
 MAX_LEN, D_MODEL = 12, 8
 LENGTHS = (5, 0, 12, 1, 7, 9, 2, 4)

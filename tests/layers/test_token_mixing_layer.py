@@ -7,7 +7,9 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.layers import TokenMixing
 from recops_tf.reference import token_mixing as ref
-from recops_tf.testing import assert_close, fit_briefly, random_values
+from recops_tf.testing import assert_close
+from recops_tf.testing.inputs import random_values
+from recops_tf.testing.layers import fit_briefly
 
 
 def test_matches_the_reference_with_the_layers_weights():

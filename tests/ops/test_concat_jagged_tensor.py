@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 import recops_tf
 from recops_tf.reference import concat_jagged_tensor as ref
-from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close,
-                               assert_gradients_match_reference, assert_matches_reference,
-                               assert_numeric_gradient, in_mode, random_values)
+from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close, assert_gradients_match_reference,
+                               assert_matches_reference, assert_numeric_gradient, in_mode)
+from recops_tf.testing.inputs import random_values
 
 ALL_DTYPES = FLOAT_DTYPES + (tf.int32, tf.int64)
 INDEX_DTYPES = (tf.int32, tf.int64)

@@ -7,7 +7,8 @@ import recops_tf
 from recops_tf.reference import disentangle_attention as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
                                assert_matches_reference, assert_numeric_gradient,
-                               assert_second_order_raises, in_mode, random_values)
+                               assert_second_order_raises, in_mode)
+from recops_tf.testing.inputs import random_values
 
 B, N, S, D = 2, 3, 7, 5
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.reference import embedding_by_address as ref
 from recops_tf.testing import MODES, assert_close, in_mode
-from recops_tf.testing.cases import zipf_ids
+from recops_tf.testing.inputs import zipf_ids
 
 
 def mirrored(num_rows=20, dim=4, num_slots=0, seed=0):

@@ -6,7 +6,7 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.reference import fused_lazy_adam as ref
 from recops_tf.testing import MODES, assert_close
-from recops_tf.testing.cases import zipf_ids
+from recops_tf.testing.inputs import zipf_ids
 
 INDEX_DTYPES = (tf.int32, tf.int64)
 HYPER = dict(beta1=0.9, beta2=0.99, epsilon=1e-7)

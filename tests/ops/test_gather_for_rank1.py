@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 import recops_tf
 from recops_tf.reference import gather_for_rank1 as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
-                               assert_matches_reference, assert_numeric_gradient, in_mode,
-                               random_values)
+                               assert_matches_reference, assert_numeric_gradient, in_mode)
+from recops_tf.testing.inputs import random_values
 
 INDEX_DTYPES = (tf.int32, tf.int64)
 

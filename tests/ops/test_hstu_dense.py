@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 
 import recops_tf
 from recops_tf.reference import hstu_dense as ref
-from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close,
-                               assert_gradients_match_reference, assert_matches_reference,
-                               assert_numeric_gradient, assert_second_order_raises,
-                               in_mode, random_values)
+from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close, assert_gradients_match_reference,
+                               assert_matches_reference, assert_numeric_gradient,
+                               assert_second_order_raises, in_mode)
+from recops_tf.testing.inputs import random_values
 
 # Empty, length-1 and multi-tile (> 64) sequences; keys longer than queries for "delta".
 LENS_Q = [5, 0, 70, 1]

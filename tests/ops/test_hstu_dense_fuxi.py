@@ -6,8 +6,8 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.reference import hstu_dense_fuxi as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
-                               assert_matches_reference, assert_numeric_gradient, in_mode,
-                               random_values)
+                               assert_matches_reference, assert_numeric_gradient, in_mode)
+from recops_tf.testing.inputs import random_values
 
 # Empty, length-1 and multi-tile (> 64, so diagonal and full tiles) sequences.
 LENS = [5, 0, 70, 1]

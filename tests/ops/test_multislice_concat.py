@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 import recops_tf
 from recops_tf.reference import multislice_concat as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
-                               assert_matches_reference, assert_numeric_gradient, in_mode,
-                               random_values)
+                               assert_matches_reference, assert_numeric_gradient, in_mode)
+from recops_tf.testing.inputs import random_values
 
 # Overlapping, repeated and to-the-end (-1) slices.
 SIZES, BEGINS, LENGTHS = [2, 1, 3], [0, 3, 1, 2, 2, 6], [3, 2, -1, 4, 1, 1]

@@ -5,10 +5,10 @@ import tensorflow as tf
 
 import recops_tf
 from recops_tf.reference import norm_multiply_dropout as ref
-from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close,
-                               assert_gradients_match_reference, assert_matches_reference,
-                               assert_numeric_gradient, assert_second_order_raises,
-                               in_mode, random_values)
+from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close, assert_gradients_match_reference,
+                               assert_matches_reference, assert_numeric_gradient,
+                               assert_second_order_raises, in_mode)
+from recops_tf.testing.inputs import random_values
 
 SEED = tf.constant([1234, 7], tf.int64)
 

@@ -5,9 +5,9 @@ import tensorflow as tf
 
 import recops_tf
 from recops_tf.reference import relative_attn_bias as ref
-from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close,
-                               assert_gradients_match_reference, assert_matches_reference,
-                               assert_numeric_gradient, in_mode, random_values)
+from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close, assert_gradients_match_reference,
+                               assert_matches_reference, assert_numeric_gradient, in_mode)
+from recops_tf.testing.inputs import random_values
 
 INDEX_DTYPES = (tf.int32, tf.int64)
 # Gaps of 0 (same timestamp), 1, exact powers near bucket edges and large ones; unsorted rows.

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 import recops_tf
 from recops_tf.reference import reverse_sequence as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
-                               assert_matches_reference, assert_numeric_gradient, in_mode,
-                               random_values)
+                               assert_matches_reference, assert_numeric_gradient, in_mode)
+from recops_tf.testing.inputs import random_values
 
 DTYPES = FLOAT_DTYPES + (tf.int64,)
 INDEX_DTYPES = (tf.int32, tf.int64)

@@ -6,9 +6,9 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.reference import token_mixing as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
-                               assert_matches_reference, assert_numeric_gradient, assert_second_order_raises,
-                               in_mode,
-                               random_values)
+                               assert_matches_reference, assert_numeric_gradient,
+                               assert_second_order_raises, in_mode)
+from recops_tf.testing.inputs import random_values
 
 
 def args(dtype, batch=3, s=20, seed=0):

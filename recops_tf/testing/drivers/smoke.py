@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from recops_tf import _loader, _ops_table
 from recops_tf.testing import (assert_close, assert_gradients_match_reference,
-                               assert_matches_reference, tape_gradients, upstream_like)
+                               assert_matches_reference, tape_gradients)
+from recops_tf.testing.inputs import upstream_like
 from recops_tf.testing import cases
 
 

@@ -2,9 +2,9 @@
 127.0.0.1 (tests and benchmarks of ``recops_tf.distributed``).
 
 ``launch(scenario, workers)`` picks free ports, starts one process per rank running
-``python -m recops_tf.testing.multiworker SCENARIO RANK PORTS OUT_DIR``, waits for all of
-them (killing every process of the launch after ``timeout`` seconds) and returns each rank's
-``(returncode, results dict, log tail)``. A scenario writes its results with ``save``.
+``python -m recops_tf.testing.drivers.multiworker SCENARIO RANK PORTS OUT_DIR``, waits for all
+of them (killing every process of the launch after ``timeout`` seconds) and returns each
+rank's ``(returncode, results dict, log tail)``. A scenario writes its results with ``save``.
 
 The scenarios' inputs are pure numpy functions of (world size, rank), so the test process
 computes the expected results without joining the group.
@@ -40,9 +40,9 @@ def launch(scenario, workers, timeout=150.0, env=None):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     environment.pop("TF_CONFIG", None)
     logs = [open(os.path.join(out_dir, f"log_{r}.txt"), "w+") for r in range(workers)]
-    procs = [subprocess.Popen([sys.executable, "-m", "recops_tf.testing.multiworker", scenario,
-                               str(r), ports, out_dir], stdout=logs[r], stderr=subprocess.STDOUT,
-                              env=environment)
+    worker = [sys.executable, "-m", "recops_tf.testing.drivers.multiworker", scenario]
+    procs = [subprocess.Popen(worker + [str(r), ports, out_dir], stdout=logs[r],
+                              stderr=subprocess.STDOUT, env=environment)
              for r in range(workers)]
     deadline = time.monotonic() + timeout
     try:

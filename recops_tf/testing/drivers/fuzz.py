@@ -11,9 +11,9 @@ boundary inputs, built from each op's OpDef:
   the wrong dtype or shape.
 
 Each case must end in a TensorFlow error or a result: a crash kills the process and a hang
-trips the caller's timeout. Run as ``python -m recops_tf.testing.fuzz STEM CASES SEED``: it
-writes each case's description to ``RECOPS_FUZZ_LOG`` (when set) before running it, so a
-crash names its case, and prints a JSON summary (cases, outcomes by error type).
+trips the caller's timeout. Run as ``python -m recops_tf.testing.drivers.fuzz STEM CASES
+SEED``: it writes each case's description to ``RECOPS_FUZZ_LOG`` (when set) before running it,
+so a crash names its case, and prints a JSON summary (cases, outcomes by error type).
 """
 import collections
 import json

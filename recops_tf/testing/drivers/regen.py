@@ -16,7 +16,7 @@ from tensorflow.core.framework import op_def_pb2
 
 from recops_tf import _loader, _ops_table
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(_ops_table.__file__)))  # holds recops_tf/
 DOCS_PATH = os.path.join(ROOT, "docs", "ops.md")
 REFERENCE_PATH = os.path.join(ROOT, "docs", "api.md")
 GOLDEN_PATH = os.path.join(ROOT, "tests", "golden", "ops.pbtxt")
