@@ -18,7 +18,8 @@ from tensorflow.python.framework import op_def_registry
 LIBRARY_NAME = "_recops_ops.so"
 BUILD_INFO_NAME = "_build_info.json"
 OP_PREFIX = "Recops>"
-REBUILD_COMMAND = 'pip install --no-build-isolation -e ".[test]"   (or: python setup.py build_ext --inplace)'
+REBUILD_COMMAND = ('pip install --no-build-isolation -e ".[test]"   '
+                   '(or: python setup.py build_ext --inplace)')
 
 _lock = threading.Lock()
 _library = None

@@ -6,7 +6,8 @@ wrapped in ``tf.function``, with warm-up and repetitions, and reports the median
 the fused op's rate (GB/s for memory-bound stems, GFLOP/s for compute-bound ones) and its
 fraction of a machine ceiling measured in the same run: a large array copy (numpy copyto,
 counting read + write; one thread, as in the build notes, and also one thread per core, since
-the kernels use every core) for memory-bound ops, a large ``tf.linalg.matmul`` for compute-bound ones.
+the kernels use every core) for memory-bound ops, a large ``tf.linalg.matmul`` for compute-bound
+ones.
 
 Run it as ``python tools/bench.py`` or ``recops-tf bench``; ``--size tiny`` is the quick run the
 test suite uses so the benchmark cannot rot.
@@ -26,7 +27,8 @@ import tensorflow as tf
 from recops_tf import _ops_table
 from recops_tf.testing import cases
 
-CEILING_SIZES = {"tiny": {"copy_mb": 8, "matmul_n": 256}, "full": {"copy_mb": 256, "matmul_n": 2048}}
+CEILING_SIZES = {"tiny": {"copy_mb": 8, "matmul_n": 256},
+                 "full": {"copy_mb": 256, "matmul_n": 2048}}
 TINY_NOTE = ("size tiny: toy shapes that only check the benchmark runs. Their times, rates and "
              "% of ceiling measure per-call overhead, not the kernels or the machine; use "
              "--size full (the default) for real figures.")

@@ -7,5 +7,5 @@ from recops_tf.layers.hstu_block import HSTUBlock
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
 from recops_tf.layers.token_mixing import TokenMixing
 
-__all__ = ["DisentangledSelfAttention", "DynamicEmbedding", "FuxiAttention", "HSTUAttention", "HSTUBlock",
-           "RelativeAttentionBias", "TokenMixing"]
+__all__ = ["DisentangledSelfAttention", "DynamicEmbedding", "FuxiAttention", "HSTUAttention",
+           "HSTUBlock", "RelativeAttentionBias", "TokenMixing"]

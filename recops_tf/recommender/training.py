@@ -159,8 +159,8 @@ def make_optimizer(config):
 def train_step(model, optimizer, generator, config, num_items):
     """The tf.function of one training step on a ragged batch ``(items, timestamps)`` (each
     row its last ``max_seq_len + 1`` items); draws the step's negatives from `generator`:
-    ``config.num_negatives`` per sequence (or per position), uniform over the catalogue (``sampled``) or over
-    the batch's targets (``in-batch``). Returns the loss."""
+    ``config.num_negatives`` per sequence (or per position), uniform over the catalogue
+    (``sampled``) or over the batch's targets (``in-batch``). Returns the loss."""
     n_neg, per_position = config.num_negatives, config.negatives_per == "position"
 
     @tf.function(input_signature=[_SPEC, _SPEC], jit_compile=False)

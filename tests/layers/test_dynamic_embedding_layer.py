@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import recops_tf
 from recops_tf.layers import DynamicEmbedding
 from recops_tf.optimizers import LazyAdam, SparseSGD
 

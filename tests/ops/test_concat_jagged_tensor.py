@@ -125,8 +125,9 @@ def test_ragged_form():
 
 def test_ragged_form_in_function_and_gradient():
     a, oa, b, ob = make(LENS_A, LENS_B)
+    spec = tf.RaggedTensorSpec([None, None, 3], tf.float32, 1, tf.int64)
 
-    @tf.function(input_signature=[tf.RaggedTensorSpec([None, None, 3], tf.float32, 1, tf.int64)] * 2)
+    @tf.function(input_signature=[spec] * 2)
     def f(x, y):
         with tf.GradientTape() as tape:
             tape.watch(x.values)
