@@ -84,10 +84,7 @@ class LnMulGradOp : public LnMulBase<T> {
   REGISTER_KERNEL_BUILDER(                                                              \
       Name("Recops>LnMulGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
       LnMulGradOp<T>);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 
 }  // namespace

@@ -125,10 +125,7 @@ class NormMultiplyDropoutBackwardOp : public NormMulDropoutBase<T> {
                               .TypeConstraint<T>("T")                                  \
                               .TypeConstraint<AccumT<T>>("Tstat"),                     \
                           NormMultiplyDropoutBackwardOp<T>);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 
 }  // namespace

@@ -152,8 +152,11 @@ inline __attribute__((always_inline)) Eigen::half FromAcc<Eigen::half, float>(fl
 
 }  // namespace recops
 
-// Registration helper: the float dtypes every arithmetic kernel supports.
-#define RECOPS_CALL_FLOAT_TYPES(m) \
-  m(Eigen::half) m(Eigen::bfloat16) m(float) m(double)
+// Registration helpers: the float dtypes every arithmetic kernel supports, the one list.
+// RECOPS_CALL_FLOAT_TYPES(m) is m(T) for each; RECOPS_CALL_FLOAT_TYPES_WITH(m, arg) m(T, arg).
+#define RECOPS_CALL_FLOAT_TYPES_WITH(m, arg) \
+  m(Eigen::half, arg) m(Eigen::bfloat16, arg) m(float, arg) m(double, arg)
+#define RECOPS_CALL_FLOAT_TYPES(m) RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_APPLY_TO_TYPE_, m)
+#define RECOPS_APPLY_TO_TYPE_(T, m) m(T)
 
 #endif  // RECOPS_KERNELS_COMMON_DTYPES_H_
