@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/dynamic_table.h"
+#include "kernels/embedding_by_address.h"
 #include "kernels/common/microkernels.h"
 #include "kernels/common/sparse_update.h"
 #include "tensorflow/core/framework/op_kernel.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kernels/common/dynamic_table.h"
+#include "kernels/embedding_by_address.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/platform/refcount.h"
 
