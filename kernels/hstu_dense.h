@@ -870,6 +870,56 @@ RECOPS_INLINE void HstuBackwardSeqItem(const HstuProblem& p, const HstuTensors<T
   for (int64_t kv = first; kv < last; ++kv) HstuBackwardSeqHead<T, Acc, I>(p, t, item.b, kv);
 }
 
+// The work items of one dtype, compiled for one instruction set: called many times per op
+// through these pointers (entry points rather than RECOPS_WITH_ISA).
+template <typename T>
+struct HstuEntries {
+  using Fn = void (*)(const HstuProblem&, const HstuTensors<T>&, const HstuItem&);
+  Fn forward, backward_kv, backward_q, backward_seq;
+};
+
+// The work items for instruction set I, compiled once each in its own translation unit,
+// kernels/hstu_dense_<isa>.cc (AVX-512, AVX2 + FMA, baseline x86-64), for the float dtypes
+// (T = float, Eigen::half, Eigen::bfloat16, double).
+template <typename T, Isa I>
+HstuEntries<T> HstuEntriesFor();
+#define RECOPS_HSTU_DECLARE_ENTRIES_FOR(T, I) \
+  template <>                                 \
+  HstuEntries<T> HstuEntriesFor<T, I>();
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_ENTRIES_FOR, Isa::kBase)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_ENTRIES_FOR, Isa::kAvx2)
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_ENTRIES_FOR, Isa::kAvx512)
+#endif
+#undef RECOPS_HSTU_DECLARE_ENTRIES_FOR
+
+// The work items for the best instruction set of this CPU (BestIsa), picked once
+// (kernels/hstu_dense.cc).
+template <typename T>
+const HstuEntries<T>& HstuBestEntries();
+
+// Defines HstuEntriesFor<T, I>() for the float dtypes with the work items compiled under the
+// target attribute ATTR (I's instruction set): the body of kernels/hstu_dense_<isa>.cc.
+#define RECOPS_HSTU_ENTRY(NAME, ITEM, I, ATTR)                                              \
+  template <typename T>                                                                     \
+  ATTR void NAME(const HstuProblem& p, const HstuTensors<T>& t, const HstuItem& i) {        \
+    ITEM<T, AccumT<T>, I>(p, t, i);                                                          \
+  }
+#define RECOPS_HSTU_ENTRIES_FOR(T, I)                                                       \
+  template <>                                                                               \
+  HstuEntries<T> HstuEntriesFor<T, I>() {                                                   \
+    return {HstuForwardEntry<T>, HstuBackwardKvEntry<T>, HstuBackwardQEntry<T>,             \
+            HstuBackwardSeqEntry<T>};                                                       \
+  }
+#define RECOPS_HSTU_ENTRIES(I, ATTR)                                                        \
+  namespace {                                                                               \
+  RECOPS_HSTU_ENTRY(HstuForwardEntry, HstuForwardItem, I, ATTR)                             \
+  RECOPS_HSTU_ENTRY(HstuBackwardKvEntry, HstuBackwardKvItem, I, ATTR)                       \
+  RECOPS_HSTU_ENTRY(HstuBackwardQEntry, HstuBackwardQItem, I, ATTR)                         \
+  RECOPS_HSTU_ENTRY(HstuBackwardSeqEntry, HstuBackwardSeqItem, I, ATTR)                     \
+  }                                                                                         \
+  RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_ENTRIES_FOR, I)
+
 }  // namespace recops
 
 #endif  // RECOPS_KERNELS_HSTU_DENSE_H_
