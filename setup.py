@@ -52,16 +52,18 @@ def _shared_copts():
     raise SystemExit("build_flags.bzl: no RECOPS_COPTS list")
 
 
-# Precompiled headers (setup.py's build only; Bazel parses the headers in every unit). Parsing
-# TensorFlow's framework headers is most of the time of a small unit (~10 s for op.h +
-# shape_inference.h, ~15 s for op_kernel.h, per unit, on the 2-core build machine); each group
-# below is compiled once into a .gch and force-included (-include) first in the units that
-# include one of its TensorFlow headers themselves. The headers are the units' own includes (or what
-# those include), so a unit sees the same declarations either way; the Bazel build, which has
-# no precompiled headers, checks that each unit still includes what it uses.
+# Build-time measures of setup.py's build (Bazel compiles every file as its own unit and
+# parses the headers in each; the code is the same). Parsing TensorFlow's framework headers is
+# most of the time of a small unit: ~10 s for op.h + shape_inference.h and ~15 s for
+# op_kernel.h, per unit, on the 2-core build machine.
+# - op_defs/*.cc (op registrations and shape functions: little code, all parsing) compile as
+#   one unit that includes them in order (REGISTER_OP names its registrars by __COUNTER__;
+#   helpers are in anonymous namespaces with distinct names), instead of 18.
+# - The kernels' TensorFlow headers are precompiled once (a .gch) and force-included
+#   (-include) first in the units that include one of them themselves. They are those units'
+#   own includes (or what those include), so a unit sees the same declarations either way;
+#   the Bazel build, which has neither measure, checks that each file includes what it uses.
 PCH_GROUPS = {
-    "op_defs": ("tensorflow/core/framework/op.h",
-                "tensorflow/core/framework/shape_inference.h"),
     "kernels": ("tensorflow/core/framework/op_kernel.h",
                 "tensorflow/core/framework/tensor.h",
                 "absl/strings/str_cat.h"),
@@ -134,6 +136,16 @@ class TFBuildExt(build_ext):
         newest_header = max([os.path.getmtime(h) for h in _headers()] + [0])
 
         sources = list(ext.sources)
+        members = {src: [src] for src in sources}  # the files a unit compiles
+        op_defs = [src for src in sources if src.startswith("op_defs/")]
+        if op_defs:
+            unity = os.path.join(build_temp, "op_defs_all.cc")
+            text = "".join(f'#include "{src}"\n' for src in op_defs)
+            if not os.path.exists(unity) or open(unity).read() != text:
+                with open(unity, "w") as f:
+                    f.write(text)
+            sources = [unity] + [src for src in sources if src not in op_defs]
+            members[unity] = op_defs
         groups = {src: _pch_group(src) for src in sources}
         pch_stamp = json.dumps([self._tf_version, self._compile_flags])
 
@@ -155,8 +167,8 @@ class TFBuildExt(build_ext):
 
         def compile_one(src):
             obj = self.compiler.object_filenames([src], output_dir=build_temp)[0]
-            if (fresh_flags and os.path.exists(obj) and
-                    os.path.getmtime(obj) > max(os.path.getmtime(src), newest_header)):
+            newest = max([os.path.getmtime(m) for m in members[src]] + [newest_header])
+            if fresh_flags and os.path.exists(obj) and os.path.getmtime(obj) > newest:
                 return obj
             pch = []
             if groups[src] is not None:
