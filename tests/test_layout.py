@@ -9,7 +9,9 @@ The rule (CONVENTIONS.md section 1), for every row of recops_tf/_ops_table.py wi
   suffix of ``KERNEL_SUFFIXES``;
 - ``kernels/common/`` holds code shared between stems: each of its headers is included by the
   kernel files of at least two stems (a header only one stem includes is that stem's code under
-  a generic name, and goes to ``kernels/<stem>.h``), and no file there is named after a stem.
+  a generic name, and goes to ``kernels/<stem>.h``), no file there is named after a stem, and
+  none registers a kernel, names an op or defines a resource (a resource is the state of one
+  stem's ops: the growing table is embedding_by_address's, in ``kernels/embedding_by_address.h``).
 
 A row without TF ops (a Python-only stem, such as lccl) has no C++ files at all.
 """
@@ -103,7 +105,7 @@ def test_op_registrations_live_in_their_stem():
 
 def test_common_holds_only_shared_code():
     includes = {}  # common header -> stems whose kernel files include it
-    for path in _files("kernels/*"):
+    for path in _files("kernels/*.*"):
         stem, _ = _stem_and_suffix(os.path.basename(path))
         for header in re.findall(r'#include "kernels/common/([\w.]+)"',
                                  open(os.path.join(ROOT, path)).read()):
@@ -112,6 +114,10 @@ def test_common_holds_only_shared_code():
         name = os.path.basename(path)
         assert not any(name.startswith(stem) for stem in ALL_STEMS), (
             f"{path} is named after a stem: it belongs in kernels/")
+        text = open(os.path.join(ROOT, path)).read()
+        for mark in ("REGISTER_KERNEL_BUILDER", '"Recops>', "public tensorflow::ResourceBase"):
+            # Kernels, op names and resources (the state of a stem's ops) belong to a stem.
+            assert mark not in text, f"{path} has {mark}: that is a stem's code"
         if name.endswith(".h"):
             users = includes.get(name, set())
             assert len(users) >= 2, (
