@@ -7,7 +7,10 @@ recops_tf/_build_info.json recording the TensorFlow version it was built for, wh
 checks before loading.
 
 Rebuild after editing C++:  python setup.py build_ext --inplace
-Parallel compile jobs: RECOPS_BUILD_JOBS (default: number of CPUs, at most 2 per 1.5 GB free).
+Parallel compile jobs: RECOPS_BUILD_JOBS (default: the number of CPUs, at most 2). The largest
+translation units start first, and each one prints a progress line (pip shows them with -v).
+The TensorFlow built against is the one this Python imports or, in pip's isolated build
+environment, the one installed for the interpreter running pip (see _build_backend.py).
 Sanitizer build: RECOPS_SANITIZE=address,undefined (any -fsanitize= list) compiles with
 -fsanitize=<list> -fno-omit-frame-pointer -g -O1 -fno-wrapv instead of -O3 -g0, links with
 -fsanitize=<list>, and keeps its objects apart (build/sanitize/<list>) so normal objects are
@@ -19,7 +22,10 @@ import glob
 import json
 import os
 import re
+import subprocess
 import sys
+import threading
+import time
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -39,6 +45,20 @@ def _sources():
 
 def _headers():
     return sorted(glob.glob("op_defs/*.h")) + sorted(glob.glob("kernels/**/*.h", recursive=True))
+
+
+def _code_size(path, seen=None):
+    """Bytes of a source and of the project headers it includes (each once): how a unit's
+    compile time is guessed, to start the longest first (the per-ISA work items of
+    hstu_dense are small files that include a large header)."""
+    seen = set() if seen is None else seen
+    if path in seen or not os.path.exists(os.path.join(ROOT, path)):
+        return 0
+    seen.add(path)
+    with open(os.path.join(ROOT, path)) as f:
+        text = f.read()
+    return len(text) + sum(_code_size(h, seen) for h in
+                           re.findall(r'^#include "((?:kernels|op_defs)/[^"]+)"', text, re.M))
 
 
 def _shared_copts():
@@ -81,23 +101,53 @@ def _pch_group(src):
     return None
 
 
+_TF_CODE = ("import json, tensorflow as tf; print(json.dumps([tf.__version__, "
+            "tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()]))")
+
+
+def installed_tensorflow_build_flags(python):
+    """(version, compile flags, link flags) of the TensorFlow that `python` imports outside
+    pip's isolated build environment (``-I`` leaves out the PYTHONPATH through which pip puts
+    that environment in front)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([python, "-I", "-c", _TF_CODE], capture_output=True, text=True,
+                         env=env)
+    if out.returncode != 0:
+        raise SystemExit(
+            f"recops_tf: building the op library needs TensorFlow 2.21, and {python} has none: "
+            "pip install 'tensorflow-cpu==2.21.*' (or 'tensorflow==2.21.*') first. "
+            f"({' '.join(out.stderr.strip().splitlines()[-1:])})")
+    version, compile_flags, link_flags = json.loads(out.stdout.strip().splitlines()[-1])
+    return version, compile_flags, link_flags
+
+
+def tensorflow_build_flags():
+    """(version, compile flags, link flags) of the TensorFlow to build against: the one this
+    Python imports or, in pip's isolated build environment when _build_backend.py found a
+    TensorFlow 2.21 installed and asked for none, that installed one."""
+    try:
+        import tensorflow as tf  # imported here: only needed when building
+    except ImportError:
+        return installed_tensorflow_build_flags(sys.executable)
+    return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+
+
 class TFBuildExt(build_ext):
     """Compiles the op library with TensorFlow's flags, two translation units at a time."""
 
     def build_extensions(self):
-        import tensorflow as tf  # imported here: only needed when building
-
+        tf_version, tf_compile_flags, tf_link_flags = tensorflow_build_flags()
         compile_flags = []
-        for flag in tf.sysconfig.get_compile_flags():
+        for flag in tf_compile_flags:
             if flag.startswith("-I"):
                 # TF headers as system headers keep -Wall -Wextra about our own code.
                 compile_flags += ["-isystem", flag[2:]]
             else:
                 compile_flags.append(flag)
-        self._tf_version = tf.__version__
+        self._tf_version = tf_version
         # The flags shared with Bazel's BUILD (build_flags.bzl), then what Bazel adds itself.
         self._compile_flags = compile_flags + _shared_copts() + ["-fPIC", f"-I{ROOT}"]
-        self._link_flags = tf.sysconfig.get_link_flags()
+        self._link_flags = list(tf_link_flags)
         if SANITIZE:
             # Debuggable, instrumented code: frame pointers and -g for readable stack traces,
             # -O1 so the instrumented build stays fast enough to run the test suite.
@@ -165,23 +215,43 @@ class TFBuildExt(build_ext):
                 f.write(pch_stamp)
             return header
 
-        def compile_one(src):
+        def fresh(src):
             obj = self.compiler.object_filenames([src], output_dir=build_temp)[0]
             newest = max([os.path.getmtime(m) for m in members[src]] + [newest_header])
-            if fresh_flags and os.path.exists(obj) and os.path.getmtime(obj) > newest:
+            return fresh_flags and os.path.exists(obj) and os.path.getmtime(obj) > newest
+
+        # The largest translation units start first, so that the other job compiles everything
+        # else meanwhile. The link keeps the sources' order.
+        order = sorted(sources, key=lambda src: sum(map(_code_size, members[src])),
+                       reverse=True)
+        stale = [src for src in order if not fresh(src)]
+        start, done, lock = time.monotonic(), [0], threading.Lock()
+        if stale:
+            self._progress(f"compiling {len(stale)} of {len(sources)} translation units, "
+                           f"{jobs} at a time (a clean build is about 7 CPU-minutes)")
+
+        def compile_one(src):
+            obj = self.compiler.object_filenames([src], output_dir=build_temp)[0]
+            if src not in stale:
                 return obj
+            began = time.monotonic()
             pch = []
             if groups[src] is not None:
                 pch = ["-Winvalid-pch", "-include", pch_headers[groups[src]]]
-            return self.compiler.compile([src], output_dir=build_temp,
-                                         extra_postargs=self._compile_flags + pch)[0]
+            obj = self.compiler.compile([src], output_dir=build_temp,
+                                        extra_postargs=self._compile_flags + pch)[0]
+            with lock:
+                done[0] += 1
+                name = "op_defs/*.cc" if src not in ext.sources else src
+                self._progress(f"[{done[0]}/{len(stale)}] {name} {time.monotonic() - began:.0f} s "
+                               f"({time.monotonic() - start:.0f} s so far)")
+            return obj
 
-        if SANITIZE:  # instrumented TUs take minutes: start the biggest first
-            sources.sort(key=os.path.getsize, reverse=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            needed = sorted({g for g in groups.values() if g is not None})
+            needed = sorted({groups[src] for src in stale if groups[src] is not None})
             pch_headers = dict(zip(needed, pool.map(compile_pch, needed)))
-            objects = list(pool.map(compile_one, sources))
+            compiled = dict(zip(order, pool.map(compile_one, order)))
+        objects = [compiled[src] for src in sources]
         with open(stamp_path, "w") as f:
             f.write(stamp)
         self.compiler.link_shared_object(objects, out_path, extra_postargs=self._link_flags)
@@ -197,6 +267,10 @@ class TFBuildExt(build_ext):
             with open(os.path.join(d, "_build_info.json"), "w") as f:
                 json.dump(info, f)
 
+    @staticmethod
+    def _progress(line):
+        print(f"recops_tf build: {line}", flush=True)
+
     def get_export_symbols(self, ext):
         return []  # not a Python module: no PyInit_ symbol
 
@@ -205,8 +279,9 @@ class TFBuildExt(build_ext):
         return os.path.join(*fullname.split(".")) + ".so"
 
 
-setup(
-    ext_modules=[Extension(LIB_NAME, sources=_sources(), depends=_headers() + ["build_flags.bzl"],
-                           language="c++")],
-    cmdclass={"build_ext": TFBuildExt},
-)
+if __name__ == "__main__":  # setuptools' build backend runs this file as __main__ too
+    setup(
+        ext_modules=[Extension(LIB_NAME, sources=_sources(), depends=_headers() + ["build_flags.bzl"],
+                               language="c++")],
+        cmdclass={"build_ext": TFBuildExt},
+    )

@@ -27,6 +27,9 @@ from recops_tf import _ops_table
 from recops_tf.testing import cases, upstream_like
 
 CEILING_SIZES = {"tiny": {"copy_mb": 8, "matmul_n": 256}, "full": {"copy_mb": 256, "matmul_n": 2048}}
+TINY_NOTE = ("size tiny: toy shapes that only check the benchmark runs. Their times, rates and "
+             "% of ceiling measure per-call overhead, not the kernels or the machine; use "
+             "--size full (the default) for real figures.")
 
 
 def _median_seconds(fn, warmup, reps):
@@ -187,13 +190,14 @@ def run(stems=None, size="full", warmup=2, reps=10, json_path=None, progress=Tru
 
 def format_table(report):
     c = report["ceilings"]
-    lines = [f"ceilings: copy {c['copy_GBps']:.1f} GB/s one thread, "
-             f"{c['copy_threaded_GBps']:.1f} GB/s all cores (read+write); "
-             f"matmul {c['matmul_GFLOPs']:.0f} GFLOP/s",
-             "% ceil: of the one-thread copy (memory-bound) or the matmul (compute-bound); "
-             "% all-core copy: of the all-core copy",
-             f"{'stem':<22} {'case':<40} {'mode':<17} {'fused ms':>9} {'ref ms':>9} "
-             f"{'speedup':>8} {'rate':>14} {'% ceil':>7} {'% all-core copy':>16}"]
+    lines = [TINY_NOTE] if report.get("size") == "tiny" else []
+    lines += [f"ceilings: copy {c['copy_GBps']:.1f} GB/s one thread, "
+              f"{c['copy_threaded_GBps']:.1f} GB/s all cores (read+write); "
+              f"matmul {c['matmul_GFLOPs']:.0f} GFLOP/s",
+              "% ceil: of the one-thread copy (memory-bound) or the matmul (compute-bound); "
+              "% all-core copy: of the all-core copy",
+              f"{'stem':<22} {'case':<40} {'mode':<17} {'fused ms':>9} {'ref ms':>9} "
+              f"{'speedup':>8} {'rate':>14} {'% ceil':>7} {'% all-core copy':>16}"]
     for r in report["rows"]:
         threaded = r["fraction_of_threaded_copy"]
         threaded = f"{100 * threaded:>15.1f}%" if threaded is not None else f"{'-':>16}"
@@ -214,6 +218,7 @@ def markdown_table(report):
              + (f", stateful steps in graph loops of {report['loop']}" if report.get("loop")
                 else "") + ".",
              "",
+             *([TINY_NOTE, ""] if report.get("size") == "tiny" else []),
              "| stem | case | mode | fused ms | reference ms | speedup | rate | % of ceiling |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:

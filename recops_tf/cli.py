@@ -5,16 +5,184 @@
     recops-tf recommend --model DIR --history 1,5,9 [--k 10]
     recops-tf bench [STEM ...] [--out report.md] [--chart speedups.png]
     recops-tf info
+
+This module imports no TensorFlow at module level: the commands import what they need, so
+``--help`` and a bad argument answer at once. (The ``recops-tf`` console script runs this
+file without importing the ``recops_tf`` package first, whose import loads TensorFlow: see
+``_recops_tf_cli.py``.) The defaults ``train --help`` shows are read from the source of
+``recops_tf/recommender/training.py`` (``Config`` and ``PRESETS``), not imported and not
+copied. TensorFlow's C++ log lines are off unless ``--verbose``.
 """
 import argparse
+import ast
 import dataclasses
+import functools
 import json
 import os
 import sys
-import time
+import textwrap
 
 
 _COLUMNS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "hr@200", "ndcg@200", "mrr")
+_RECOMMENDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recommender")
+
+
+class UsageError(Exception):
+    """A bad command-line input: `main` reports it as one line and returns exit status 2."""
+
+
+# --- defaults, read from the recommender's source without importing it -----------------------
+
+def _evaluate(node, names):
+    """The value of a literal expression: constants, tuples, lists, dicts, ``dict(k=...)``,
+    negative numbers and names of earlier module constants."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
+    if isinstance(node, (ast.Tuple, ast.List)):
+        values = [_evaluate(e, names) for e in node.elts]
+        return tuple(values) if isinstance(node, ast.Tuple) else values
+    if isinstance(node, ast.Dict):
+        return {_evaluate(k, names): _evaluate(v, names) for k, v in zip(node.keys, node.values)}
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict"
+            and not node.args):
+        return {kw.arg: _evaluate(kw.value, names) for kw in node.keywords}
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate(node.operand, names)
+    raise ValueError(f"not a literal: {ast.unparse(node)}")
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name):
+    """Module-level literal constants, class field defaults and function defaults of
+    ``recops_tf/recommender/<name>.py``: ``{"NAME": value, "Class": {field: default},
+    "function": {argument: default}}``."""
+    with open(os.path.join(_RECOMMENDER, name + ".py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names = {}
+
+    def literals(pairs):  # the pairs whose value is a literal
+        found = {}
+        for key, node in pairs:
+            try:
+                found[key] = _evaluate(node, names)
+            except ValueError:
+                pass
+        return found
+
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            if isinstance(target, ast.Name):
+                names.update(literals([(target.id, value)]))
+            elif (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                  and all(isinstance(t, ast.Name) for t in target.elts)):  # A, B = 1, 2
+                names.update(literals((t.id, v) for t, v in zip(target.elts, value.elts)))
+        elif isinstance(node, ast.ClassDef):
+            names[node.name] = literals(
+                (item.target.id, item.value) for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                and item.value is not None)
+        elif isinstance(node, ast.FunctionDef):
+            arguments = node.args.args[len(node.args.args) - len(node.args.defaults):]
+            names[node.name] = literals(
+                [(a.arg, d) for a, d in zip(arguments, node.args.defaults)] +
+                [(a.arg, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d])
+    return names
+
+
+def preset_defaults():
+    """``{preset: {Config field: value}}``: what ``Config.from_preset(preset)`` fills in, read
+    from training.py's source (``Config``'s field defaults updated by ``PRESETS``)."""
+    training = _module("training")
+    base = training["Config"]
+    return {name: {**base, **values, "preset": name}
+            for name, values in training["PRESETS"].items()}
+
+
+# Options of `train` that override a Config field: dest -> (field, kind). Kinds: "value" (None
+# when not given), "off" (a --no-X store_true switching the field off) and "on" (a store_true
+# switching it on).
+CONFIG_OPTIONS = {
+    "preset": ("preset", "value"), "d_model": ("d_model", "value"),
+    "blocks": ("num_blocks", "value"), "heads": ("num_heads", "value"),
+    "head_dim": ("head_dim", "value"), "max_seq_len": ("max_seq_len", "value"),
+    "dropout": ("dropout_rate", "value"), "temperature": ("temperature", "value"),
+    "no_l2_norm": ("l2_norm", "off"), "no_relative_bias": ("relative_bias", "off"),
+    "loss": ("loss", "value"), "negatives": ("num_negatives", "value"),
+    "negatives_per": ("negatives_per", "value"),
+    "no_fused": ("use_fused", "off"),
+    "epochs": ("epochs", "value"), "batch_size": ("batch_size", "value"),
+    "learning_rate": ("learning_rate", "value"), "patience": ("patience", "value"),
+    "validation_metric": ("validation_metric", "value"), "exclude_seen": ("exclude_seen", "on"),
+    "bucket_by_length": ("bucket_by_length", "on"), "seed": ("seed", "value"),
+    "max_steps": ("max_steps", "value"), "checkpoint_every": ("checkpoint_every", "value"),
+}
+
+
+def _shown(value):
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+def config_default_text(field, kind="value"):
+    """The default of a Config field as --help shows it: the default preset's value, then the
+    presets that differ, e.g. ``default: 2; --preset hstu-large: 8``. An on/off field that a
+    --no-X flag switches off is named: ``default: relative_bias on; --preset sasrec: off``."""
+    presets = preset_defaults()
+    value = presets[_module("training")["Config"]["preset"]][field]
+    others = [f"--preset {name}: {_shown(v[field])}" for name, v in presets.items()
+              if v[field] != value]
+    named = f"{field} " if kind == "off" else ""
+    return "; ".join([f"default: {named}{_shown(value)}"] + others)
+
+
+def _add_defaults(parser):
+    """Appends its default to each option's help that does not show one yet: an option's own
+    default, or (options left unset fall back to the preset) the preset's value."""
+    for action in parser._actions:
+        if (action.help in (None, argparse.SUPPRESS) or "default" in action.help
+                or isinstance(action, argparse._HelpAction)):
+            continue
+        if action.default is not None and action.default is not False:
+            action.help += " (default: %(default)s)"
+        elif action.dest in CONFIG_OPTIONS:
+            action.help += f" ({config_default_text(*CONFIG_OPTIONS[action.dest])})"
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+class _Formatter(argparse.HelpFormatter):
+    def _split_lines(self, text, width):  # keeps "hstu-large" on one line
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors as one line (`recops-tf train: error: ... (see --help)`), exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# --- the commands -----------------------------------------------------------------------------
+
+def _quiet_tensorflow(verbose):
+    """Keeps TensorFlow's C++ log lines (oneDNN, CPU features, ...) off unless --verbose or
+    TF_CPP_MIN_LOG_LEVEL says otherwise; effective before TensorFlow's first import."""
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def _table(rows):
@@ -31,26 +199,22 @@ def _load_data(args):
     if args.data:
         return rec.load(args.data, format=args.format, user_col=args.user_col,
                         item_col=args.item_col, time_col=args.time_col,
-                        min_interactions=args.min_interactions or 0)
+                        min_interactions=args.min_interactions)
     return rec.synthetic(num_users=args.users, num_items=args.items, seed=args.data_seed)
 
 
 def _config(args):
     from recops_tf import recommender as rec
 
-    return rec.Config.from_preset(
-        args.preset, epochs=args.epochs, batch_size=args.batch_size,
-        learning_rate=args.learning_rate, d_model=args.d_model, num_blocks=args.blocks,
-        num_heads=args.heads, head_dim=args.head_dim, max_seq_len=args.max_seq_len,
-        dropout_rate=args.dropout, temperature=args.temperature,
-        l2_norm=False if args.no_l2_norm else None, loss=args.loss,
-        num_negatives=args.negatives, negatives_per=args.negatives_per,
-        relative_bias=False if args.no_relative_bias else None,
-        use_fused=False if args.no_fused else None, seed=args.seed, patience=args.patience,
-        validation_metric=args.validation_metric,
-        exclude_seen=True if args.exclude_seen else None,
-        bucket_by_length=True if args.bucket_by_length else None,
-        checkpoint_every=args.checkpoint_every, max_steps=args.max_steps).check()
+    overrides = {}
+    for dest, (field, kind) in CONFIG_OPTIONS.items():
+        value = getattr(args, dest)
+        if kind == "off":
+            value = False if value else None
+        elif kind == "on":
+            value = True if value else None
+        overrides[field] = value
+    return rec.Config.from_preset(overrides.pop("preset"), **overrides).check()
 
 
 def _train(args, argv):
@@ -60,9 +224,8 @@ def _train(args, argv):
     if resume:
         run_file = os.path.join(args.resume, "run.json")
         if not os.path.exists(run_file):
-            print(f"error: {args.resume}: not a run directory of `recops-tf train --out` "
-                  f"(no run.json)", file=sys.stderr)
-            return 2
+            raise UsageError(f"{args.resume}: not a run directory of `recops-tf train "
+                             f"--out` (no run.json)")
         with open(run_file) as f:
             saved = json.load(f)["argv"]
         progress_flags = [a for a in argv if a in ("--no-progress",)]
@@ -73,8 +236,7 @@ def _train(args, argv):
         dataset = _load_data(args)
         config = _config(args)
     except (rec.DataError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(e) from None
     lengths = [len(h) for h in dataset.items]
     print(f"data: {dataset.source}: {dataset.num_users} users, {dataset.num_items} items, "
           f"{sum(lengths)} interactions (history length {min(lengths)}-{max(lengths)})")
@@ -92,13 +254,13 @@ def _train(args, argv):
         checkpoint_dir = os.path.join(args.out, "checkpoints")
         if not resume:
             with open(os.path.join(args.out, "run.json"), "w") as f:
-                json.dump({"argv": [a for a in argv if a != "--no-progress"]}, f, indent=1)
+                json.dump({"argv": [a for a in argv if a not in ("--no-progress", "--verbose")]},
+                          f, indent=1)
     try:
         result = rec.train(dataset, config, checkpoint_dir=checkpoint_dir, resume=resume,
                            logdir=args.logdir, progress=not args.no_progress)
     except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(e) from None
     seconds = result.train_seconds
     print(f"trained {result.steps} steps ({result.epochs} epochs) in {seconds:.1f} s "
           f"({result.steps / max(seconds, 1e-9):.2f} steps/s), loss {result.first_loss:.3f} -> "
@@ -130,14 +292,24 @@ def _train(args, argv):
     return 0
 
 
+def _catalogue(model_dir, needs=("items.txt", "saved_model")):
+    """The item names of a model directory written by `train --out`; UsageError if it is not
+    one."""
+    missing = [n for n in needs if not os.path.exists(os.path.join(model_dir, n))]
+    if missing:
+        raise UsageError(f"--model {model_dir}: not a model directory written by "
+                         f"`recops-tf train --out` (missing: {', '.join(missing)})")
+    with open(os.path.join(model_dir, "items.txt")) as f:
+        return [line.rstrip("\n") for line in f]
+
+
 def _export(args):
+    names = _catalogue(args.model, ("model.keras", "items.txt", "info.json"))
     import keras
 
     from recops_tf import recommender as rec
 
     model = keras.models.load_model(os.path.join(args.model, "model.keras"))
-    with open(os.path.join(args.model, "items.txt")) as f:
-        names = [line.rstrip("\n") for line in f]
     with open(os.path.join(args.model, "info.json")) as f:
         info = json.load(f)
     dataset = rec.Dataset([], [], len(names), info.get("source", "?"), item_names=names)
@@ -145,18 +317,43 @@ def _export(args):
     return 0
 
 
+def _recommend_inputs(args):
+    """(history, timestamps, k, catalogue size) from the arguments; UsageError if bad."""
+    names = _catalogue(args.model)
+    history = [h.strip() for h in args.history.split(",") if h.strip()]
+    if not history:
+        raise UsageError(f"--history {args.history!r}: no item ids (give them comma-separated, "
+                         f"e.g. --history 1,5,9)")
+    timestamps = None
+    if args.timestamps:
+        parts = [t.strip() for t in args.timestamps.split(",") if t.strip()]
+        try:
+            timestamps = [int(t) for t in parts]
+        except ValueError:
+            raise UsageError(f"--timestamps {args.timestamps!r}: expected whole seconds, "
+                             f"comma-separated") from None
+        if len(timestamps) != len(history):
+            raise UsageError(f"--timestamps has {len(timestamps)} values and --history "
+                             f"{len(history)} items: give one timestamp per item")
+    return history, timestamps, min(args.k, len(names)), len(names)
+
+
 def _recommend(args):
+    history, timestamps, k, num_items = _recommend_inputs(args)
+    if k < args.k:
+        print(f"recops-tf: note: --k {args.k} is more than the catalogue's {num_items} items: "
+              f"showing all {num_items}", file=sys.stderr)
     from recops_tf import recommender as rec
 
-    history = [h for h in args.history.split(",") if h]
-    timestamps = [int(t) for t in args.timestamps.split(",")] if args.timestamps else None
     try:
-        items, scores = rec.recommend(args.model, history, timestamps, args.k)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        items, scores = rec.recommend(args.model, history, timestamps, k)
+    except ValueError as e:  # items not in the catalogue
+        raise UsageError(e) from None
+    rank_width = len(str(len(items)))
+    item_width = max([len("item")] + [len(str(i)) for i in items])
+    print(f"{'rank':>{max(rank_width, 4)}}  {'item':<{item_width}}  {'score':>8}")
     for rank, (item, score) in enumerate(zip(items, scores), 1):
-        print(f"{rank:>3}  {item:>10}  {score:8.4f}")
+        print(f"{rank:>{max(rank_width, 4)}}  {item:<{item_width}}  {score:8.4f}")
     return 0
 
 
@@ -178,18 +375,24 @@ def _info(args):
     print(f"threads: intra-op {tf.config.threading.get_intra_op_parallelism_threads() or 'auto'}"
           f", inter-op {tf.config.threading.get_inter_op_parallelism_threads() or 'auto'}, "
           f"cpus {os.cpu_count()}")
-    ops = sorted(name for name in dir(_loader.load())
-                 if name.startswith("recops_") and not name.endswith("_eager_fallback"))
+    # The names the ops are registered under: what graphs and SavedModels record.
+    ops = _loader.op_names()
     print(f"registered ops ({len(ops)}): {', '.join(ops)}")
     return 0
 
 
+# --- the parser -------------------------------------------------------------------------------
+
 def _parser():
-    parser = argparse.ArgumentParser(prog="recops-tf", description="recops_tf: fused "
-                                     "recommendation-model ops for TensorFlow")
-    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="show TensorFlow's log messages (default: off)")
+    parser = _Parser(prog="recops-tf", description="recops_tf: fused recommendation-model ops "
+                     "for TensorFlow")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    training, data_module = _module("training"), _module("data")
     train = sub.add_parser(
-        "train", help="train and evaluate a generative recommender",
+        "train", parents=[common], help="train and evaluate a generative recommender",
         description="Train a sequential recommender (the HSTU paper's recipe by default) on "
         "leave-one-out splits, validate every epoch, and report the test metrics next to "
         "the popularity and Markov-chain baselines. Preset values can be overridden by "
@@ -198,95 +401,111 @@ def _parser():
     data.add_argument("--data", help="an interaction file (MovieLens u.data / ratings.dat / "
                       "ratings.csv, SASRec's 'user item' files, or a CSV with named columns; "
                       "default: the built-in synthetic set)")
-    data.add_argument("--format", choices=_formats(), help="the file's format (default: "
-                      "detected from its first line)")
+    data.add_argument("--format", choices=data_module["FORMATS"],
+                      help="the file's format (default: detected from its first line)")
     data.add_argument("--user-col", help="CSV: the user column (default: user)")
     data.add_argument("--item-col", help="CSV: the item column (default: item)")
     data.add_argument("--time-col", help="CSV: the time column (default: timestamp; "
                       "without one, file order is the time)")
-    data.add_argument("--min-interactions", type=int, default=0,
+    data.add_argument("--min-interactions", type=int,
+                      default=data_module["load"]["min_interactions"],
                       help="k-core: drop users and items with fewer than K interactions")
-    data.add_argument("--users", type=int, default=3000, help="synthetic set: users")
-    data.add_argument("--items", type=int, default=1000, help="synthetic set: items")
-    data.add_argument("--data-seed", type=int, default=0, help="synthetic set: its seed")
+    synthetic = _module("synthetic")["synthetic"]
+    data.add_argument("--users", type=int, default=synthetic["num_users"],
+                      help="synthetic set: users")
+    data.add_argument("--items", type=int, default=synthetic["num_items"],
+                      help="synthetic set: items")
+    data.add_argument("--data-seed", type=int, default=synthetic["seed"],
+                      help="synthetic set: its seed")
     model = train.add_argument_group("model (defaults from --preset)")
-    model.add_argument("--preset", choices=("hstu", "hstu-large", "sasrec"), default="hstu")
-    model.add_argument("--d-model", type=int, help="item embedding width (50)")
-    model.add_argument("--blocks", type=int)
-    model.add_argument("--heads", type=int)
+    model.add_argument("--preset", choices=tuple(training["PRESETS"]),
+                       default=training["Config"]["preset"],
+                       help="the recipe: the HSTU paper's 2-block model, its 8-block model, or "
+                       "SASRec from stock Keras layers")
+    model.add_argument("--d-model", type=int, help="item embedding width")
+    model.add_argument("--blocks", type=int, help="encoder blocks")
+    model.add_argument("--heads", type=int, help="attention heads per block")
     model.add_argument("--head-dim", type=int, help="per-head q/k/v width")
-    model.add_argument("--max-seq-len", type=int, help="items of history (200)")
-    model.add_argument("--dropout", type=float, help="dropout rate (0.2)")
-    model.add_argument("--temperature", type=float, help="of the l2-normalised logits (0.05)")
+    model.add_argument("--max-seq-len", type=int, help="items of history")
+    model.add_argument("--dropout", type=float, help="dropout rate")
+    model.add_argument("--temperature", type=float, help="of the l2-normalised logits")
     model.add_argument("--no-l2-norm", action="store_true",
                        help="raw dot products instead of l2-normalised ones")
     model.add_argument("--no-relative-bias", action="store_true",
                        help="HSTU without its learned time + position bias")
-    model.add_argument("--loss", choices=("sampled", "in-batch", "full"),
-                       help="sampled softmax over uniform negatives (default), over the "
+    model.add_argument("--loss", choices=_module("model")["LOSSES"],
+                       help="sampled softmax over uniform negatives, over the "
                        "batch's own targets, or a full softmax over the catalogue")
-    model.add_argument("--negatives", type=int, help="negatives per sequence (128)")
+    model.add_argument("--negatives", type=int, help="negatives per sequence, or per position")
     model.add_argument("--negatives-per", choices=("sequence", "position"),
-                       help="one set of negatives per sequence (default: B x N embeddings a "
+                       help="one set of negatives per sequence (B x N embeddings a "
                        "step) or per position as generative-recommenders samples (P x N)")
     model.add_argument("--no-fused", action="store_true",
                        help="the same model from stock TF ops (parity and speed baseline)")
     fit = train.add_argument_group("training")
-    fit.add_argument("--epochs", type=int, help="at most this many epochs (100)")
-    fit.add_argument("--batch-size", type=int)
-    fit.add_argument("--learning-rate", type=float)
+    fit.add_argument("--epochs", type=int, help="at most this many epochs")
+    fit.add_argument("--batch-size", type=int, help="histories per step")
+    fit.add_argument("--learning-rate", type=float, help="of the Adam / LazyAdam optimizer")
     fit.add_argument("--patience", type=int, help="stop after N epochs without a better "
-                     "validation metric (10; 0: never)")
-    fit.add_argument("--validation-metric", help="early-stopping metric (ndcg@10)")
+                     "validation metric, 0: never")
+    fit.add_argument("--validation-metric", help="early-stopping metric: hr@K or ndcg@K (K in "
+                     f"{', '.join(str(k) for k in _module('evaluation')['KS'])}) or mrr")
     fit.add_argument("--exclude-seen", action="store_true", help="rank only items the user "
                      "has not interacted with (both protocols are reported)")
     fit.add_argument("--bucket-by-length", action="store_true",
                      help="batch histories of similar length together")
-    fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: all)")
-    fit.add_argument("--checkpoint-every", type=int, default=0,
-                     help="also checkpoint every N steps (every epoch always, with --out)")
+    fit.add_argument("--seed", type=int, help="of the weights, the batch order and the "
+                     "negatives")
+    fit.add_argument("--max-steps", type=int, help="stop after N steps, 0: all of them")
+    fit.add_argument("--checkpoint-every", type=int,
+                     help="with --out, also checkpoint every N steps, 0: only every epoch")
     fit.add_argument("--resume", metavar="DIR", help="continue the run whose --out was DIR "
-                     "from its newest checkpoint (its own flags are reused)")
-    fit.add_argument("--logdir", help="write TensorBoard summaries here")
+                     "from its newest checkpoint, with its own flags (default: a new run)")
+    fit.add_argument("--logdir", help="write TensorBoard summaries here (default: none)")
     out = train.add_argument_group("output")
     out.add_argument("--out", help="checkpoints, then the trained model (SavedModel + "
-                     ".keras) here")
-    out.add_argument("--json", help="write the metrics here")
-    out.add_argument("--no-progress", action="store_true")
-    export = sub.add_parser("export", help="re-export a trained model directory")
+                     ".keras) here (default: not saved)")
+    out.add_argument("--json", help="write the metrics here (default: not written)")
+    out.add_argument("--no-progress", action="store_true",
+                     help="no progress bar (default: a bar with loss, steps/s, validation)")
+    _add_defaults(train)
+    export = sub.add_parser("export", parents=[common],
+                            help="re-export a trained model directory")
     export.add_argument("--model", required=True, help="a directory written by train --out")
-    export.add_argument("--out", required=True)
-    recommend = sub.add_parser("recommend", help="top-k items for a history")
+    export.add_argument("--out", required=True, help="the new model directory")
+    recommend = sub.add_parser("recommend", parents=[common], help="top-k items for a history")
     recommend.add_argument("--model", required=True, help="a directory written by train --out")
     recommend.add_argument("--history", required=True, help="item ids, comma-separated")
-    recommend.add_argument("--timestamps", help="seconds, comma-separated (default: daily)")
-    recommend.add_argument("--k", type=int, default=10)
-    sub.add_parser("bench", add_help=False,
+    recommend.add_argument("--timestamps", help="seconds, comma-separated, one per history "
+                           "item (default: one a day, ending now)")
+    recommend.add_argument("--k", type=_positive_int, default=10,
+                           help="how many items (at most the catalogue's size)")
+    _add_defaults(recommend)
+    sub.add_parser("bench", add_help=False, parents=[common],
                    help="benchmark every op against its plain-TensorFlow composite")
-    sub.add_parser("info", help="versions, build flags, threads, registered ops")
+    sub.add_parser("info", parents=[common],
+                   help="versions, build flags, threads, registered ops")
     return parser
-
-
-def _formats():
-    from recops_tf.recommender.data import FORMATS
-
-    return FORMATS
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
+    _quiet_tensorflow(args.verbose)
     if args.command == "bench":
         from recops_tf import bench
 
         return bench.main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if args.command == "train":
-        return _train(args, argv[1:])
-    return {"export": _export, "recommend": _recommend, "info": _info}[args.command](args)
+    command = {"train": lambda a: _train(a, argv[1:]), "export": _export,
+               "recommend": _recommend, "info": _info}[args.command]
+    try:
+        return command(args)
+    except UsageError as e:
+        print(f"recops-tf {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

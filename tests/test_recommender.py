@@ -157,8 +157,8 @@ def test_train_export_and_recommend_in_a_new_process(tmp_path, capsys):
                            "--history", "1,5,9", "--k", "4"], capture_output=True, text=True,
                           env=_ENV, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split() for line in done.stdout.strip().splitlines()]
-    assert [r[0] for r in rows] == ["1", "2", "3", "4"]
+    header, *rows = [line.split() for line in done.stdout.strip().splitlines()]
+    assert header[0] == "rank" and [r[0] for r in rows] == ["1", "2", "3", "4"]
     scores = [float(r[2]) for r in rows]
     assert scores == sorted(scores, reverse=True)
     assert all(1 <= int(r[1]) <= 40 for r in rows)
@@ -264,5 +264,5 @@ def test_fused_and_stock_models_train_alike():
 def test_info(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
-    assert "tensorflow 2.21" in out and "recops_rma_swap_multi_tables" in out
+    assert "tensorflow 2.21" in out and "Recops>RmaSwapMultiTables" in out
     assert "eager_fallback" not in out

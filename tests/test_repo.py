@@ -3,6 +3,7 @@ benchmark shapes, gradient) and the generated files are fresh."""
 import doctest
 import importlib
 import os
+import re
 
 import numpy as np
 import pytest
@@ -71,6 +72,8 @@ GENERATED = [
     ("golden", regen.GOLDEN_PATH, regen.golden_text,
      "The library's OpDefs differ from tests/golden/ops.pbtxt (an interface change)"),
     ("docs", regen.DOCS_PATH, regen.docs_text, "docs/ops.md is stale"),
+    ("docs", regen.REFERENCE_PATH, regen.reference_text,
+     "docs/api.md (layers, optimizers, tables, distributed) is stale"),
     ("api", regen.API_PATH, regen.api_text,
      "A public function's or class's signature differs from tests/golden/api.txt"),
     ("robustness", regen.ROBUSTNESS_PATH, regen.robustness_text,
@@ -78,13 +81,58 @@ GENERATED = [
 ]
 
 
-@pytest.mark.parametrize("target, path, generate, what", GENERATED, ids=[g[0] for g in GENERATED])
+@pytest.mark.parametrize("target, path, generate, what", GENERATED,
+                         ids=[os.path.basename(g[1]) for g in GENERATED])
 def test_generated_file_is_fresh(target, path, generate, what):
     with open(path) as f:
         committed = f.read()
     assert committed == generate(), (
         f"{what}. If the change is intended, run `python tools/regen.py {target}` and commit "
         "the diff.")
+
+
+def test_every_generated_file_has_a_regen_target():
+    assert {(target, path) for target, path, _, _ in GENERATED} == {
+        (target, path) for target, files in regen.TARGETS.items() for path, _ in files}
+
+
+def test_api_reference_covers_every_public_class_and_function():
+    text = regen.reference_text()
+    for _, module_name, names, _ in regen.REFERENCE_SECTIONS:
+        module = importlib.import_module(module_name)
+        for name in names or module.__all__:
+            assert f"### `{module_name}.{name}(" in text, f"{module_name}.{name} undocumented"
+
+
+def test_robustness_rules_are_sentences():
+    rule = regen.Rule("test_error_x_rank", "`recops_tf.gather_for_rank1`",
+                      "InvalidArgumentError or ValueError", "rank")
+    assert regen.rule_sentence(rule) == ("`recops_tf.gather_for_rank1` raises "
+                                         "InvalidArgumentError or ValueError naming “rank” "
+                                         "(x rank).")
+    rule = regen.Rule("test_error_offsets_start", "`recops_tf.concat_jagged_tensor`",
+                      "InvalidArgumentError", r"offsets_a\[0\] must be 0, got 1")
+    assert regen.rule_sentence(rule).endswith(": “offsets_a[0] must be 0, got 1” "
+                                              "(offsets start).")
+    # A short pattern is completed from the library's own message when one matches it.
+    raised = {"ops/x.py": [("ValueError", "give both timestamp_bias and position_bias")]}
+    rule = regen.Rule("test_error_only_one_bias", "`f`", "ValueError", "both")
+    assert "“give both timestamp_bias and position_bias”" in regen.rule_sentence(rule, raised)
+    rules = regen.robustness_rules_text().splitlines()
+    listed = [line for line in rules if line.startswith("- ")]
+    assert listed and all(re.fullmatch(r"- `[^`]+`.* raises \w.*\(.+\)\.", line)
+                          for line in listed), [x for x in listed if " raises " not in x][:3]
+
+
+def test_benchmarks_lead_with_the_results():
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        text = f.read()
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings[:2] == ["Results", "Details and history"]
+    results = text.split("## Results", 1)[1].split("## Details and history", 1)[0]
+    stems = {line.split("|")[1].strip() for line in results.splitlines()
+             if line.startswith("| ") and not line.startswith("| stem")}
+    assert stems == {row.stem for row in _ops_table.OPS}
 
 
 @pytest.mark.parametrize("row", _ops_table.OPS, ids=lambda r: r.stem)

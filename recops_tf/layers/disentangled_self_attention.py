@@ -2,6 +2,8 @@
 import keras
 import tensorflow as tf
 
+from recops_tf.layers._sequences import check_input
+from recops_tf.ops._common import positive_int
 from recops_tf.ops.disentangle_attention import POS_ATT_TYPES, disentangle_attention
 
 
@@ -25,18 +27,23 @@ class DisentangledSelfAttention(keras.layers.Layer):
       embeddings_initializer: of the relative-position embeddings.
 
     Call arguments: ``inputs``; optional ``attention_mask`` ``[B, s]`` (1 = attend, 0 =
-    padding key).
+    padding key). A dense input whose sequence length is unknown when traced (a padded batch,
+    or what Keras' ``model.export()`` makes of a ragged ``keras.Input``) is refused without
+    ``attention_mask``.
 
-    Models using it must compile with ``jit_compile=False``.
+    The layer has no XLA kernel: it sets ``supports_jit = False``, so Keras never compiles a
+    model using it with XLA.
     """
 
     def __init__(self, num_heads, head_dim, max_seq_len, pos_att_type="c2p|p2c", use_bias=True,
                  kernel_initializer="glorot_uniform", embeddings_initializer="random_normal",
                  **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.head_dim = int(head_dim)
-        self.max_seq_len = int(max_seq_len)
+        self.supports_jit = False  # no XLA kernel: keeps Keras from compiling with XLA
+        self.num_heads = positive_int(num_heads, "num_heads", "DisentangledSelfAttention")
+        self.head_dim = positive_int(head_dim, "head_dim", "DisentangledSelfAttention")
+        self.max_seq_len = positive_int(max_seq_len, "max_seq_len",
+                                        "DisentangledSelfAttention")
         if pos_att_type not in POS_ATT_TYPES:
             raise ValueError(f"pos_att_type must be one of {POS_ATT_TYPES}, got "
                              f"{pos_att_type!r}")
@@ -87,6 +94,8 @@ class DisentangledSelfAttention(keras.layers.Layer):
                           [tf.shape(x)[0], s, self.num_heads * self.head_dim])
 
     def call(self, inputs, attention_mask=None):
+        inputs = check_input(self, inputs, padding_known=attention_mask is not None,
+                             remedy="or the padded tensor with its attention_mask")
         if isinstance(inputs, tf.RaggedTensor):
             lengths = inputs.row_lengths()
             dense = inputs.to_tensor()
@@ -94,7 +103,7 @@ class DisentangledSelfAttention(keras.layers.Layer):
             if attention_mask is not None:
                 mask &= tf.cast(attention_mask, tf.bool)
             return tf.RaggedTensor.from_tensor(self._attend(dense, mask), lengths=lengths)
-        return self._attend(tf.convert_to_tensor(inputs), attention_mask)
+        return self._attend(inputs, attention_mask)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.num_heads * self.head_dim,)

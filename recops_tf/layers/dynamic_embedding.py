@@ -16,15 +16,22 @@ class DynamicEmbedding(keras.layers.Layer):
     unseen key, like the padding key, reads as zeros and nothing is allocated. There is no
     vocabulary to size in advance: the table grows block by block.
 
+    Keys must be integers (any integer dtype; cast to int64): float keys are refused, not
+    truncated (declare the input ``keras.Input(..., dtype="int64")``).
+
     Train it with ``recops_tf.optimizers.LazyAdam`` (needs ``num_slots >= 2``, the default) or
     ``recops_tf.optimizers.SparseSGD``: the gradient reaches the layer's scalar
     ``gradient_anchor`` weight as a ``tf.IndexedSlices`` keyed by row address, and those
     optimizers update the touched rows (and their co-located m, v) in place. Stock Keras
-    optimizers cannot update the table.
+    optimizers cannot update the table: they fail, with a message naming these two (Adagrad's
+    is a shape error of its sparse update).
 
     The table is saved by ``tf.train.Checkpoint`` and exported in SavedModels (keys, rows
     and optimizer slots); after a restore, training continues and the table keeps growing.
-    Models using it need ``jit_compile=False``.
+    There is no XLA kernel: the layer sets ``supports_jit = False``, so Keras'
+    ``jit_compile="auto"`` never picks XLA (and ``jit_compile=True`` falls back with a
+    warning). ``count_params()`` (the ``model.summary()`` column) is rows in use × ``dim``,
+    and grows with the table; the scalar anchor is the only Keras weight.
 
     Args:
       dim: embedding width.
@@ -46,8 +53,10 @@ class DynamicEmbedding(keras.layers.Layer):
         self.block_rows = int(block_rows)
         self.seed = int(seed)
         self.table = DynamicEmbeddingTable(
-            self.dim, initializer=self.initializer, num_slots=self.num_slots, block_rows=self.block_rows, padding_key=padding_key,
-            seed=self.seed, name=f"{self.name}_table")
+            self.dim, initializer=self.initializer, num_slots=self.num_slots,
+            block_rows=self.block_rows, padding_key=padding_key, seed=self.seed,
+            name=f"{self.name}_table")
+        self.supports_jit = False  # what Keras' model_supports_jit reads, layer by layer
         self.gradient_anchor = self.add_weight(shape=(), initializer="zeros", trainable=True,
                                                name="gradient_anchor")
         bind_gradient_anchor(self.gradient_anchor, self.table)
@@ -57,6 +66,10 @@ class DynamicEmbedding(keras.layers.Layer):
         if isinstance(keys, tf.RaggedTensor):
             return keys.with_flat_values(self.call(keys.flat_values, training=training))
         keys = tf.convert_to_tensor(keys)
+        if not keys.dtype.is_integer:
+            raise TypeError(f"{type(self).__name__} keys must be integers, got "
+                            f"{keys.dtype.name} (a cast would merge keys: 1.0 and 1.7 would "
+                            f"share a row); declare the input with dtype='int64'")
         if keys.dtype != tf.int64:
             keys = tf.cast(keys, tf.int64)
         return self._embed(keys, training)
@@ -77,6 +90,12 @@ class DynamicEmbedding(keras.layers.Layer):
     def load_own_variables(self, store):
         self.gradient_anchor.assign(store["0"])
         self.table.assign(store["table_keys"][...], store["table_rows"][...])
+
+    def count_params(self):
+        """The table's parameters: rows in use × ``dim`` (grows as keys arrive; the slots
+        and the scalar gradient anchor are not counted)."""
+        with tf.init_scope():
+            return int(self.table.size()) * self.dim
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.dim,)

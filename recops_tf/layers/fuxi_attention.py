@@ -2,7 +2,9 @@
 import keras
 import tensorflow as tf
 
+from recops_tf.layers._sequences import Sequences
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
+from recops_tf.ops._common import positive_int
 from recops_tf.ops.hstu_dense_fuxi import hstu_attention_fuxi
 from recops_tf.ops.relative_attn_bias import toeplitz_position_bias
 
@@ -26,18 +28,23 @@ class FuxiAttention(keras.layers.Layer):
       silu_scale, mask_type: as in ``recops_tf.hstu_attention_fuxi`` ("causal" or "none").
       use_bias, kernel_initializer, bias_initializer: of the projection.
 
-    Call arguments: ``inputs``, ``timestamps``.
+    Call arguments: ``inputs``, ``timestamps`` (``[B, (L)]`` ragged or ``[B, S]`` dense);
+    ``lengths`` ``[B]``: the row lengths of a padded dense input (the padding is skipped and
+    comes out as zeros). A dense input whose sequence length is unknown when traced is refused
+    without ``lengths`` (see ``HSTUAttention``).
 
-    Models using it must compile with ``jit_compile=False``.
+    The layer has no XLA kernel: it sets ``supports_jit = False``, so Keras never compiles a
+    model using it with XLA.
     """
 
     def __init__(self, num_heads, head_dim, max_seq_len, num_buckets=129,
                  bucket_divisor=0.301, silu_scale=0.0, mask_type="causal", use_bias=True,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.head_dim = int(head_dim)
-        self.max_seq_len = int(max_seq_len)
+        self.supports_jit = False  # no XLA kernel: keeps Keras from compiling with XLA
+        self.num_heads = positive_int(num_heads, "num_heads", "FuxiAttention")
+        self.head_dim = positive_int(head_dim, "head_dim", "FuxiAttention")
+        self.max_seq_len = positive_int(max_seq_len, "max_seq_len", "FuxiAttention")
         self.num_buckets = int(num_buckets)
         self.bucket_divisor = float(bucket_divisor)
         self.silu_scale = float(silu_scale)
@@ -72,25 +79,17 @@ class FuxiAttention(keras.layers.Layer):
         return [tf.reshape(x, [-1, self.num_heads, self.head_dim])
                 for x in tf.split(proj, 3, axis=-1)]
 
-    def call(self, inputs, timestamps):
+    def call(self, inputs, timestamps, lengths=None):
+        seqs = Sequences(self, inputs, lengths)
         ts_bias = self.time_bias(timestamps)  # [B, S, S]
         pos_bias = toeplitz_position_bias(
             tf.cast(self.position_bias.position_weights, ts_bias.dtype), duplicate=False)[0][None]
-        kw = {"max_seq_len": self.max_seq_len, "silu_scale": self.silu_scale,
-              "mask_type": self.mask_type}
-        if isinstance(inputs, tf.RaggedTensor):
-            q, k, v = self._project(inputs.values)
-            out = hstu_attention_fuxi(q, k, v, seq_offsets=inputs.row_splits,
-                                      timestamp_bias=tf.cast(ts_bias, q.dtype),
-                                      position_bias=tf.cast(pos_bias, q.dtype), **kw)
-            return inputs.with_values(out)
-        inputs = tf.convert_to_tensor(inputs)
-        shape = tf.shape(inputs, out_type=tf.int64)
-        q, k, v = self._project(tf.reshape(inputs, [-1, inputs.shape[-1]]))
-        out = hstu_attention_fuxi(q, k, v, seq_offsets=tf.range(shape[0] + 1) * shape[1],
+        q, k, v = self._project(seqs.rows)
+        out = hstu_attention_fuxi(q, k, v, seq_offsets=seqs.splits, max_seq_len=self.max_seq_len,
                                   timestamp_bias=tf.cast(ts_bias, q.dtype),
-                                  position_bias=tf.cast(pos_bias, q.dtype), **kw)
-        return tf.reshape(out, [shape[0], shape[1], 3 * self.num_heads * self.head_dim])
+                                  position_bias=tf.cast(pos_bias, q.dtype),
+                                  silu_scale=self.silu_scale, mask_type=self.mask_type)
+        return seqs.output(out)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (3 * self.num_heads * self.head_dim,)

@@ -2,7 +2,9 @@
 import keras
 import tensorflow as tf
 
+from recops_tf.layers._sequences import Sequences
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
+from recops_tf.ops._common import positive_int
 from recops_tf.ops.hstu_dense import hstu_attention
 
 
@@ -40,9 +42,14 @@ class HSTUAttention(keras.layers.Layer):
     a ``relative_bias`` with a time part; optional ``attn_bias``: ``[B, max_seq_len,
     max_seq_len]`` shared by all heads or per head ``[B, num_heads, max_seq_len,
     max_seq_len]`` (not with ``relative_bias``). A shared bias is broadcast over the heads
-    here, which stores ``B·N·S²`` values: prefer ``relative_bias`` for HSTU's bias.
+    here, which stores ``B·N·S²`` values: prefer ``relative_bias`` for HSTU's bias;
+    ``lengths`` ``[B]``: the row lengths of a padded dense input (the padding is skipped and
+    comes out as zeros). A dense input whose sequence length is unknown when traced (a padded
+    batch, or what Keras' ``model.export()`` makes of a ragged ``keras.Input``) is refused
+    without ``lengths``: export models on ragged inputs with ``recops_tf.saving.export``.
 
-    Models using it must compile with ``jit_compile=False``.
+    The layer has no XLA kernel: it sets ``supports_jit = False``, so Keras never compiles a
+    model using it with XLA (``jit_compile="auto"`` and ``True`` both run without).
     """
 
     def __init__(self, num_heads, head_dim, max_seq_len, value_dim=None, num_kv_heads=None,
@@ -50,11 +57,13 @@ class HSTUAttention(keras.layers.Layer):
                  window_size=None, use_bias=True, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", relative_bias=None, **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.head_dim = int(head_dim)
-        self.max_seq_len = int(max_seq_len)
-        self.value_dim = int(value_dim or head_dim)
-        self.num_kv_heads = int(num_kv_heads or num_heads)
+        self.supports_jit = False  # no XLA kernel: keeps Keras from compiling with XLA
+        self.num_heads = positive_int(num_heads, "num_heads", "HSTUAttention")
+        self.head_dim = positive_int(head_dim, "head_dim", "HSTUAttention")
+        self.max_seq_len = positive_int(max_seq_len, "max_seq_len", "HSTUAttention")
+        self.value_dim = positive_int(value_dim or head_dim, "value_dim", "HSTUAttention")
+        self.num_kv_heads = positive_int(num_kv_heads or num_heads, "num_kv_heads",
+                                         "HSTUAttention")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads "
                              f"({self.num_heads})")
@@ -110,17 +119,17 @@ class HSTUAttention(keras.layers.Layer):
                              window_size=self.window_size, **kwargs)
         return tf.reshape(out, [-1, self.num_heads * self.value_dim])
 
-    def call(self, inputs, num_context=None, num_target=None, attn_bias=None, timestamps=None):
+    def call(self, inputs, num_context=None, num_target=None, attn_bias=None, timestamps=None,
+             lengths=None):
+        seqs = Sequences(self, inputs, lengths)
         counts = {"num_context": num_context, "num_target": num_target}
         if self.relative_bias is not None:
             if attn_bias is not None:
                 raise ValueError("HSTUAttention: attn_bias cannot be combined with "
                                  "relative_bias")
-            if isinstance(timestamps, tf.RaggedTensor):
-                timestamps = timestamps.values  # the attention runs on the jagged rows
-            elif timestamps is not None:
-                timestamps = tf.reshape(timestamps, [-1])
-            counts.update(self.relative_bias.attention_kwargs(timestamps, self.compute_dtype))
+            # The attention runs on the jagged rows: one timestamp per row.
+            counts.update(self.relative_bias.attention_kwargs(seqs.rows_of(timestamps),
+                                                              self.compute_dtype))
         elif timestamps is not None:
             raise ValueError("HSTUAttention: timestamps need a relative_bias layer")
         if attn_bias is not None:
@@ -130,15 +139,7 @@ class HSTUAttention(keras.layers.Layer):
                 attn_bias = tf.broadcast_to(attn_bias[:, None],
                                             [shape[0], self.num_heads, shape[1], shape[2]])
             counts["attn_bias"] = attn_bias
-        if isinstance(inputs, tf.RaggedTensor):
-            rows, splits = inputs.values, inputs.row_splits
-            return inputs.with_values(self._attend(rows, seq_offsets=splits, **counts))
-        inputs = tf.convert_to_tensor(inputs)
-        shape = tf.shape(inputs, out_type=tf.int64)
-        splits = tf.range(shape[0] + 1) * shape[1]
-        out = self._attend(tf.reshape(inputs, [-1, inputs.shape[-1]]), seq_offsets=splits,
-                           **counts)
-        return tf.reshape(out, [shape[0], shape[1], self.num_heads * self.value_dim])
+        return seqs.output(self._attend(seqs.rows, seq_offsets=seqs.splits, **counts))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.num_heads * self.value_dim,)

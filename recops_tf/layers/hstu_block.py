@@ -3,7 +3,9 @@ sequences, from the fused ops."""
 import keras
 import tensorflow as tf
 
+from recops_tf.layers._sequences import Sequences
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
+from recops_tf.ops._common import positive_int
 from recops_tf.ops.hstu_dense import hstu_attention
 from recops_tf.ops.in_linear_silu import in_linear_silu
 from recops_tf.ops.norm_multiply_dropout import norm_multiply_dropout
@@ -43,11 +45,17 @@ class HSTUBlock(keras.layers.Layer):
       seed: base seed of the dropout masks.
       kernel_initializer: of the two projections.
 
-    Call arguments: ``inputs``; ``timestamps`` (for a relative bias with a time part);
-    ``num_targets`` ``[B]`` (causal mask's target block; ``target_group_size``);
-    ``training``.
+    Call arguments: ``inputs`` (a ``tf.RaggedTensor`` ``[B, (L), d_model]``, or a dense
+    ``[B, S, d_model]`` whose rows all have length S); ``timestamps`` (for a relative bias
+    with a time part, in the inputs' layout); ``num_targets`` ``[B]`` (causal mask's target
+    block; ``target_group_size``); ``training``; ``lengths`` ``[B]``: the row lengths of a
+    padded dense input (the padding is skipped and comes out as zeros). A dense input whose
+    sequence length is unknown when traced (a padded batch, or what Keras' ``model.export()``
+    makes of a ragged ``keras.Input``) is refused without ``lengths``: export models on
+    ragged inputs with ``recops_tf.saving.export``.
 
-    Models using it must compile with ``jit_compile=False``.
+    The layer has no XLA kernel: it sets ``supports_jit = False``, so Keras never compiles a
+    model using it with XLA (``jit_compile="auto"`` and ``True`` both run without).
     """
 
     def __init__(self, num_heads, head_dim, max_seq_len, value_dim=None, dropout_rate=0.0,
@@ -55,10 +63,11 @@ class HSTUBlock(keras.layers.Layer):
                  relative_bias=None, epsilon=1e-5, use_fused=True, seed=0,
                  kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.head_dim = int(head_dim)
-        self.max_seq_len = int(max_seq_len)
-        self.value_dim = int(value_dim or head_dim)
+        self.supports_jit = False  # no XLA kernel: keeps Keras from compiling with XLA
+        self.num_heads = positive_int(num_heads, "num_heads", "HSTUBlock")
+        self.head_dim = positive_int(head_dim, "head_dim", "HSTUBlock")
+        self.max_seq_len = positive_int(max_seq_len, "max_seq_len", "HSTUBlock")
+        self.value_dim = positive_int(value_dim or head_dim, "value_dim", "HSTUBlock")
         self.dropout_rate = float(dropout_rate)
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must lie in [0, 1), got {dropout_rate}")
@@ -110,6 +119,7 @@ class HSTUBlock(keras.layers.Layer):
             self.relative_bias.build(None)
 
     def _block(self, rows, splits, timestamps, num_targets, training):
+        """The block on jagged rows ``[T, d_model]``; ``timestamps`` ``[T]`` or None."""
         dtype = rows.dtype
         cast = lambda w: tf.cast(w, dtype)  # noqa: E731
         normed = self.input_norm(rows)
@@ -124,10 +134,6 @@ class HSTUBlock(keras.layers.Layer):
             u, v, q, k = in_linear_silu(normed, cast(self.uvqk_kernel), cast(self.uvqk_bias),
                                         self._splits, weight_layout="kn")
             if self.relative_bias is not None:
-                if isinstance(timestamps, tf.RaggedTensor):
-                    timestamps = timestamps.values
-                elif timestamps is not None:
-                    timestamps = tf.reshape(timestamps, [-1])
                 attn_kw.update(self.relative_bias.attention_kwargs(timestamps, dtype))
             attn = hstu_attention(tf.reshape(q, [-1, n, dq]), tf.reshape(k, [-1, n, dq]),
                                   tf.reshape(v, [-1, n, dv]), **attn_kw)
@@ -142,10 +148,6 @@ class HSTUBlock(keras.layers.Layer):
             if num_targets is not None:
                 ref_kw.update(num_target=num_targets, target_group_size=self.target_group_size)
             if self.relative_bias is not None:
-                if isinstance(timestamps, tf.RaggedTensor):
-                    timestamps = timestamps.values
-                elif timestamps is not None:
-                    timestamps = tf.reshape(timestamps, [-1])
                 rel = self.relative_bias.attention_kwargs(timestamps, dtype)
                 ref_kw.update(timestamps=rel.get("timestamps"),
                               time_bias_weights=rel.get("time_bias_weights"),
@@ -163,20 +165,13 @@ class HSTUBlock(keras.layers.Layer):
             self.step.assign_add(1)
         return rows + tf.matmul(y, cast(self.out_kernel)) + cast(self.out_bias)
 
-    def call(self, inputs, timestamps=None, num_targets=None, training=None):
+    def call(self, inputs, timestamps=None, num_targets=None, training=None, lengths=None):
         training = bool(training)
         if self.relative_bias is None and timestamps is not None:
             raise ValueError("HSTUBlock: timestamps need a relative_bias layer")
-        if isinstance(inputs, tf.RaggedTensor):
-            out = self._block(inputs.values, inputs.row_splits, timestamps, num_targets,
-                              training)
-            return inputs.with_values(out)
-        inputs = tf.convert_to_tensor(inputs)
-        shape = tf.shape(inputs, out_type=tf.int64)
-        splits = tf.range(shape[0] + 1) * shape[1]
-        out = self._block(tf.reshape(inputs, [-1, inputs.shape[-1]]), splits, timestamps,
-                          num_targets, training)
-        return tf.reshape(out, tf.shape(inputs))
+        seqs = Sequences(self, inputs, lengths)
+        return seqs.output(self._block(seqs.rows, seqs.splits, seqs.rows_of(timestamps),
+                                       num_targets, training))
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -2,6 +2,7 @@
 import keras
 import tensorflow as tf
 
+from recops_tf.ops._common import positive_int
 from recops_tf.ops.relative_attn_bias import (DEFAULT_BUCKET_DIVISOR, relative_attn_bias_time,
                                               toeplitz_position_bias)
 
@@ -31,20 +32,22 @@ class RelativeAttentionBias(keras.layers.Layer):
       bucket_divisor: the log bucket width (default 0.301).
       use_time, use_position: which parts to learn (at least one).
       initializer: of both weight vectors (default zeros: training starts from no bias).
+
+    The layer has no XLA kernel: it sets ``supports_jit = False``, so Keras never compiles a
+    model using it with XLA.
     """
 
     def __init__(self, max_seq_len, num_buckets=129, bucket_divisor=DEFAULT_BUCKET_DIVISOR,
                  use_time=True, use_position=True, initializer="zeros", **kwargs):
         super().__init__(**kwargs)
-        self.max_seq_len = int(max_seq_len)
-        self.num_buckets = int(num_buckets)
+        self.supports_jit = False  # no XLA kernel: keeps Keras from compiling with XLA
+        self.max_seq_len = positive_int(max_seq_len, "max_seq_len", "RelativeAttentionBias")
+        self.num_buckets = positive_int(num_buckets, "num_buckets", "RelativeAttentionBias")
         self.bucket_divisor = float(bucket_divisor)
         self.use_time = bool(use_time)
         self.use_position = bool(use_position)
         if not (self.use_time or self.use_position):
             raise ValueError("RelativeAttentionBias needs use_time or use_position")
-        if self.num_buckets < 1 or self.max_seq_len < 1:
-            raise ValueError("num_buckets and max_seq_len must be positive")
         self.initializer = keras.initializers.get(initializer)
 
     def build(self, input_shape):

@@ -13,13 +13,14 @@ class TokenMixing(keras.layers.Layer):
       epsilon: added to the variance (default 1e-7, the seed's; use ~1e-5 with float16).
       gamma_initializer, beta_initializer: of the ``[S]`` affine parameters.
 
-    Input ``[B, S, S]`` (S known); output of the same shape. Models using it must compile with
-    ``jit_compile=False``.
+    Input ``[B, S, S]`` (S known); output of the same shape. The layer has no XLA kernel: it
+    sets ``supports_jit = False``, so Keras never compiles a model using it with XLA.
     """
 
     def __init__(self, epsilon=1e-7, gamma_initializer="ones", beta_initializer="zeros",
                  **kwargs):
         super().__init__(**kwargs)
+        self.supports_jit = False  # no XLA kernel: keeps Keras from compiling with XLA
         self.epsilon = float(epsilon)
         if not self.epsilon > 0.0:
             raise ValueError(f"epsilon must be positive, got {epsilon}")

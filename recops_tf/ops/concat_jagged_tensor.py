@@ -2,7 +2,9 @@
 import tensorflow as tf
 
 from recops_tf.ops._common import (index_tensor, lib, ragged_parts, same_index_dtype,
-                                   zeros_if_none)
+                                   stem_dtypes, value_tensors, zeros_if_none)
+
+_DTYPES = stem_dtypes("concat_jagged_tensor")
 
 
 def concat_jagged_tensor(values_a, offsets_a=None, values_b=None, offsets_b=None,
@@ -42,6 +44,8 @@ def concat_jagged_tensor(values_a, offsets_a=None, values_b=None, offsets_b=None
     Raises:
       InvalidArgumentError: offsets not starting at 0, decreasing, of different lengths, or
         not ending at the row count; different row shapes.
+      TypeError: values not float32/float16/bfloat16/float64/int32/int64, or A and B of
+        different dtypes.
 
     Example:
 
@@ -58,6 +62,8 @@ def concat_jagged_tensor(values_a, offsets_a=None, values_b=None, offsets_b=None
                 raise TypeError("concat_jagged_tensor(rt_a, rt_b): both must be tf.RaggedTensor")
             va, oa = ragged_parts(values_a, "rt_a")
             vb, ob = ragged_parts(rt_b, "rt_b")
+            va, vb = value_tensors("concat_jagged_tensor", dtypes=_DTYPES, dtype_hint=None,
+                                   rt_a=va, rt_b=vb)
             oa, ob = same_index_dtype(oa, ob)
             values = lib().recops_concat_jagged_tensor(
                 va, oa, vb, ob, n_prefix_from_right=n_prefix_from_right)
@@ -65,8 +71,9 @@ def concat_jagged_tensor(values_a, offsets_a=None, values_b=None, offsets_b=None
         if offsets_a is None or values_b is None or offsets_b is None:
             raise TypeError("concat_jagged_tensor needs values_a, offsets_a, values_b, offsets_b "
                             "(or two tf.RaggedTensor)")
-        values_a = tf.convert_to_tensor(values_a, name="values_a")
-        values_b = tf.convert_to_tensor(values_b, dtype=values_a.dtype, name="values_b")
+        values_a, values_b = value_tensors("concat_jagged_tensor", dtypes=_DTYPES,
+                                           dtype_hint=None, values_a=values_a,
+                                           values_b=values_b)
         offsets_a, offsets_b = same_index_dtype(index_tensor(offsets_a, "offsets_a"),
                                                 index_tensor(offsets_b, "offsets_b"))
         return lib().recops_concat_jagged_tensor(
@@ -105,6 +112,7 @@ def split_jagged_tensor(values, offsets_a, offsets_b=None, n_prefix_to_right=0, 
     Raises:
       InvalidArgumentError: bad offsets, or ``offsets_a[-1] + offsets_b[-1]`` different from
         the number of rows.
+      TypeError: values not float32/float16/bfloat16/float64/int32/int64.
 
     Example:
 
@@ -133,7 +141,8 @@ def split_jagged_tensor(values, offsets_a, offsets_b=None, n_prefix_to_right=0, 
         if offsets_b is None:
             raise TypeError("split_jagged_tensor(values, offsets_a, offsets_b): offsets_b is "
                             "required unless values is a tf.RaggedTensor")
-        values = tf.convert_to_tensor(values, name="values")
+        values, = value_tensors("split_jagged_tensor", dtypes=_DTYPES, dtype_hint=None,
+                                values=values)
         offsets_a, offsets_b = same_index_dtype(index_tensor(offsets_a, "offsets_a"),
                                                 index_tensor(offsets_b, "offsets_b"))
         a, b = lib().recops_concat_jagged_tensor_grad(

@@ -4,7 +4,7 @@ import math
 
 import tensorflow as tf
 
-from recops_tf.ops._common import lib
+from recops_tf.ops._common import lib, value_tensors
 
 POS_ATT_TYPES = ("c2p", "p2c", "c2p|p2c")
 
@@ -44,6 +44,7 @@ def disentangle_attention(query, key, value, pos_key, pos_query, relative_pos, a
     Raises:
       InvalidArgumentError: shapes (q / k / v differ, position tables not ``[2s, n, d]``,
         relative_pos not ``s x s``, a mask of the wrong shape).
+      TypeError: query not float32/float16/bfloat16/float64, or another tensor of a different dtype.
       ValueError: an unknown pos_att_type.
 
     Example:
@@ -58,18 +59,16 @@ def disentangle_attention(query, key, value, pos_key, pos_query, relative_pos, a
     if pos_att_type not in POS_ATT_TYPES:
         raise ValueError(f"pos_att_type must be one of {POS_ATT_TYPES}, got {pos_att_type!r}")
     with tf.name_scope(name or "disentangle_attention"):
-        query = tf.convert_to_tensor(query, dtype_hint=tf.float32, name="query")
-        key, value, pos_key, pos_query = (
-            tf.convert_to_tensor(t, dtype=query.dtype, name=n) for t, n in
-            ((key, "key"), (value, "value"), (pos_key, "pos_key"), (pos_query, "pos_query")))
+        query, key, value, pos_key, pos_query, attn_mask = value_tensors(
+            "disentangle_attention", query=query, key=key, value=value, pos_key=pos_key,
+            pos_query=pos_query, attn_mask=attn_mask)
         relative_pos = tf.cast(relative_pos, tf.int64)
         if score_scale is None:
             d = query.shape[-1]
             if d is None:
                 raise ValueError("score_scale must be given when d is not static")
             score_scale = 1.0 / math.sqrt(d * (1 + len(pos_att_type.split("|"))))
-        mask = (tf.zeros([0], query.dtype) if attn_mask is None
-                else tf.convert_to_tensor(attn_mask, dtype=query.dtype, name="attn_mask"))
+        mask = tf.zeros([0], query.dtype) if attn_mask is None else attn_mask
         return tuple(lib().recops_disentangle_attention(
             query, key, value, pos_key, pos_query, relative_pos, mask,
             pos_att_type=pos_att_type, score_scale=float(score_scale)))

@@ -3,6 +3,8 @@ embedding_by_address)."""
 import numbers
 
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe
+from tensorflow.python.framework import tensor_conversion_registry
 
 from recops_tf.ops._common import index_tensor, lib
 
@@ -58,25 +60,55 @@ class DynamicEmbeddingTable(tf.saved_model.experimental.TrackableResource):
     A new row's embedding is a function of ``(seed, key, column)`` only: it does not depend
     on the order keys arrive in, the batch, or the thread count. Optimizer slots start at 0.
 
+    Training: a lookup under a ``tf.GradientTape`` is watched automatically, as a variable
+    read is, and the gradient is ``tape.gradient(loss, table.resource_handle)``: a
+    ``tf.IndexedSlices`` of the upstream rows keyed by address. Step it with
+    ``recops_tf.lazy_adam_update(table, None, None, grad, None, lr)`` /
+    ``recops_tf.sgd_update(table, grad, None, lr)``, or hand ``(grad, table)`` to
+    ``recops_tf.optimizers.LazyAdam`` / ``SparseSGD`` (bias correction, clipping and the
+    step count as for a variable). The table itself is not a tensor: ``tape.gradient(loss,
+    table)`` raises. A ``tf.function`` traced before, without a tape, and then called under
+    one needs ``tape.watch(table.resource_handle)`` (tapes are told of a function's
+    variables, not of its tables). Inside Keras models use ``recops_tf.layers.DynamicEmbedding``.
+
     The table is a ``tf.train.Checkpoint``-able resource (keys and full rows are saved; a
     restore retags the table, so addresses from before the restore are rejected, and growth
     continues) and is exported with a SavedModel. Lookups and inserts are thread-safe; a
     new key seen by several threads at once gets one row.
 
-    Args:
-      dim: embedding width.
-      initializer: ``"uniform"`` (default, [-0.05, 0.05)), ``"normal"``,
-        ``"truncated_normal"`` (stddev 0.05), ``"zeros"``, or a Keras ``Zeros``,
-        ``Constant``, ``RandomUniform``, ``RandomNormal`` or ``TruncatedNormal`` instance.
-      num_slots: optimizer slots per row (2 for LazyAdam, 0 for SGD).
-      block_rows: rows allocated at a time.
-      padding_key: a key that always maps to address 0 (None: no padding key).
-      seed: seed of the initializer.
-      name: name of the resource.
+    Example:
+
+    >>> table = DynamicEmbeddingTable(dim=2, num_slots=2)
+    >>> with tf.GradientTape() as tape:
+    ...     loss = tf.reduce_sum(embedding_lookup(table, [7, 8, 7]))
+    >>> grad = tape.gradient(loss, table.resource_handle)
+    >>> grad.values.shape, int(table.size())
+    (TensorShape([3, 2]), 2)
     """
 
     def __init__(self, dim, initializer="uniform", num_slots=0, block_rows=65536,
                  padding_key=None, seed=0, name="dynamic_embedding_table"):
+        """Creates an empty table; its resource is made at once, eagerly (outside any
+        ``tf.function`` being traced), on the CPU.
+
+        Args:
+          dim: embedding width (``>= 1``).
+          initializer: how a new row's embedding is drawn: ``"uniform"`` (default,
+            [-0.05, 0.05)), ``"normal"``, ``"truncated_normal"`` (stddev 0.05), ``"zeros"``,
+            or a Keras ``Zeros``, ``Constant``, ``RandomUniform``, ``RandomNormal`` or
+            ``TruncatedNormal`` instance.
+          num_slots: optimizer slots per row (2 for LazyAdam, 0 for SGD).
+          block_rows: rows allocated at a time (``>= 1``).
+          padding_key: an int key that always maps to address 0 (None: no padding key).
+          seed: seed of the initializer.
+          name: name of the resource.
+
+        Raises:
+          ValueError: ``dim < 1``, ``num_slots < 0``, ``block_rows < 1``, or an unknown
+            initializer name.
+          TypeError: a non-int ``padding_key``, or an unsupported Keras initializer.
+          InvalidArgumentError: rows too wide, or a block over 16 GiB.
+        """
         if int(dim) < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
         if int(num_slots) < 0 or int(block_rows) < 1:
@@ -95,6 +127,13 @@ class DynamicEmbeddingTable(tf.saved_model.experimental.TrackableResource):
         super().__init__()
         with tf.init_scope():  # create the table now, outside any function being traced
             self.resource_handle  # noqa: B018
+
+    def __repr__(self):
+        # Also what TensorFlow prints when a table is passed where a tensor is expected
+        # (``tape.gradient(loss, table)``, ``tape.watch(table)``), hence the hint.
+        return (f"<recops_tf.DynamicEmbeddingTable {self._name!r} dim={self.dim} "
+                f"num_slots={self.num_slots} (not a tensor: differentiate w.r.t. "
+                f"table.resource_handle)>")
 
     @property
     def width(self):
@@ -167,8 +206,45 @@ def _check_table(table):
                         f"{type(table).__name__}")
 
 
-def _lookup(table, addresses, embedding_dim):
-    """Rows at addresses of any shape (the op takes a vector)."""
+class _TableAccess:
+    """What a ``tf.GradientTape`` records when a table is looked up, as a variable read
+    records the variable: the tape watches ``handle``, the table's resource handle, so
+    ``tape.gradient(loss, table.resource_handle)`` needs no ``tape.watch``. It shows in
+    ``tape.watched_variables()``; there, like a variable, it is a valid gradient source
+    (``_should_act_as_resource_variable``: the tape differentiates w.r.t. its ``handle``) and
+    ``recops_tf.optimizers`` accept it for its table. Nothing saves or captures it."""
+
+    __slots__ = ("table",)
+    _should_act_as_resource_variable = True
+    trainable = True
+
+    def __init__(self, table):
+        self.table = table
+
+    @property
+    def handle(self):
+        return self.table.resource_handle
+
+    def __repr__(self):
+        return f"<lookups of {self.table!r}>"
+
+
+def _watch_on_tapes(table):
+    """Marks `table` as accessed on every active tape that watches accessed variables (what
+    ``ResourceVariable.read_value`` does); call it before the op that uses the handle."""
+    if pywrap_tfe.TFE_Py_TapeSetIsEmpty():
+        return
+    access = getattr(table, "_tape_access", None)
+    if access is None:
+        access = table._tape_access = _TableAccess(table)
+    pywrap_tfe.TFE_Py_TapeVariableAccessed(access)
+
+
+def _lookup(table, addresses, embedding_dim, watch=True):
+    """Rows at addresses of any shape (the op takes a vector); `watch`: mark the table as
+    accessed on the active tapes (off where another gradient path is used)."""
+    if watch:
+        _watch_on_tapes(table)
     flat = tf.reshape(addresses, [-1])
     rows = lib().recops_embedding_lookup_by_address(table.resource_handle, flat,
                                                     embedding_dim=embedding_dim)
@@ -193,8 +269,11 @@ def embedding_lookup_by_address(table, addresses, embedding_dim=None, name=None)
       float32 ``addresses.shape + [embedding_dim]`` (ragged where ``addresses`` is).
 
     Gradient: w.r.t. the table, a ``tf.IndexedSlices`` of the upstream rows keyed by
-    address (what ``tape.gradient(loss, table.resource_handle)`` returns, and what
-    ``recops_tf.optimizers`` apply by address); none for ``addresses``.
+    address: ``tape.gradient(loss, table.resource_handle)`` (the lookup is watched
+    automatically, as a variable read is; not with ``watch_accessed_variables=False``),
+    which ``lazy_adam_update`` / ``sgd_update`` and ``recops_tf.optimizers`` (given
+    ``(grad, table)``) apply by address; none for ``addresses``. ``tape.gradient(loss,
+    table)`` raises: the table is not a tensor.
 
     Raises:
       InvalidArgumentError: an address that is negative, another table's or from before a
@@ -282,8 +361,9 @@ def embedding_lookup(params, ids, training=True, name=None):
     Returns:
       ``ids.shape + [D]`` (ragged where ``ids`` is).
 
-    Gradient: a ``tf.IndexedSlices`` w.r.t. ``params`` (the variable, or the table's
-    resource handle keyed by address); none for ``ids``.
+    Gradient: a ``tf.IndexedSlices`` w.r.t. ``params`` (the variable; for a table,
+    ``table.resource_handle``, keyed by address, watched automatically: see
+    ``embedding_lookup_by_address``); none for ``ids``.
 
     Raises:
       InvalidArgumentError: an id outside ``[0, V)`` for a variable.
@@ -306,7 +386,9 @@ def embedding_lookup(params, ids, training=True, name=None):
 
 @tf.RegisterGradient("Recops>EmbeddingLookupByAddress")
 def _embedding_lookup_by_address_grad(op, grad):
-    return [tf.IndexedSlices(grad, op.inputs[1]), None]
+    # The identity makes the indices an op of the backward graph: a forward tensor returned
+    # as is would not be captured when the lookup runs in a tf.function under an outer tape.
+    return [tf.IndexedSlices(grad, tf.identity(op.inputs[1])), None]
 
 
 tf.no_gradient("Recops>DynamicEmbeddingTable")
@@ -324,16 +406,53 @@ tf.no_gradient("Recops>EmbeddingUpdateByAddress")
 _ANCHOR_ATTR = "_recops_dynamic_table"
 
 
+_STOCK_OPTIMIZER = (
+    "The gradient of a recops_tf DynamicEmbedding layer or DynamicEmbeddingTable is an "
+    "IndexedSlices of rows keyed by address: stock Keras optimizers cannot update the table; "
+    "train it with recops_tf.optimizers.LazyAdam or recops_tf.optimizers.SparseSGD.")
+
+
+def _refuse_sparse_update(*args, **kwargs):
+    raise TypeError(f"A sparse update of a table's scalar gradient anchor (a stock optimizer "
+                    f"stepping it). {_STOCK_OPTIMIZER}")
+
+
 def bind_gradient_anchor(anchor, table):
-    """Marks the scalar variable `anchor` (Keras or tf) as standing for `table`."""
+    """Marks the scalar variable `anchor` (Keras or tf) as standing for `table`.
+
+    Stock Keras optimizers cannot step a table: the dense ones densify its gradient (the
+    IndexedSlices conversion below names recops_tf.optimizers), the sparse ones scatter into
+    the anchor, whose scatter methods are replaced here by one that says the same;
+    recops_tf.optimizers never scatter into an anchor."""
     setattr(anchor, _ANCHOR_ATTR, table)
+    variable = anchor
     if hasattr(anchor, "value") and not isinstance(anchor, tf.Variable):
-        setattr(anchor.value, _ANCHOR_ATTR, table)
+        variable = anchor.value  # a Keras variable: its tf.Variable
+        setattr(variable, _ANCHOR_ATTR, table)
+    for method in ("scatter_add", "scatter_sub", "scatter_update"):
+        setattr(variable, method, _refuse_sparse_update)
 
 
 def table_of_anchor(variable):
     """The DynamicEmbeddingTable a gradient-anchor variable stands for, or None."""
     return getattr(variable, _ANCHOR_ATTR, None)
+
+
+def optimizer_variable(target):
+    """`target` itself, or for a DynamicEmbeddingTable (or a tape's record of its lookups,
+    from ``tape.watched_variables()``) the scalar variable that stands for it in a Keras
+    optimizer: a gradient anchor made on first use, eagerly, and not tracked (its value is
+    never used, only its identity)."""
+    table = target.table if isinstance(target, _TableAccess) else target
+    if not isinstance(table, DynamicEmbeddingTable):
+        return target
+    anchor = getattr(table, "_gradient_anchor", None)
+    if anchor is None:
+        with tf.init_scope():
+            anchor = tf.Variable(0.0, trainable=True, name=f"{table._name}_gradient_anchor")
+        bind_gradient_anchor(anchor, table)
+        table._gradient_anchor = anchor
+    return anchor
 
 
 def anchored_lookup(table, addresses, anchor):
@@ -342,7 +461,7 @@ def anchored_lookup(table, addresses, anchor):
 
     @tf.custom_gradient
     def lookup(anchor_value):
-        rows = _lookup(table, addresses, table.dim)
+        rows = _lookup(table, addresses, table.dim, watch=False)
 
         def grad(upstream):
             return tf.IndexedSlices(tf.reshape(upstream, [-1, table.dim]),
@@ -351,3 +470,19 @@ def anchored_lookup(table, addresses, anchor):
         return rows, grad
 
     return lookup(tf.convert_to_tensor(anchor))
+
+
+# A table's gradient is an IndexedSlices keyed by address, with no dense_shape: no dense
+# update can apply it. TensorFlow's error when one is densified (a stock Keras optimizer
+# does) says only "without dense_shape"; this conversion runs first and says what to use.
+def _sparse_only_gradient_to_tensor(value, dtype=None, name=None, as_ref=False):
+    del dtype, as_ref
+    if value.dense_shape is not None:
+        return NotImplemented  # TensorFlow's own conversion
+    argument = f" for argument `{name}`" if name else ""
+    raise ValueError(f"Tensor conversion requested for an IndexedSlices without "
+                     f"dense_shape{argument}. {_STOCK_OPTIMIZER}")
+
+
+tensor_conversion_registry.register_tensor_conversion_function(
+    tf.IndexedSlices, _sparse_only_gradient_to_tensor, priority=99)

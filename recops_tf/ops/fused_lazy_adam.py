@@ -2,7 +2,8 @@
 import tensorflow as tf
 
 from recops_tf.ops._common import lib
-from recops_tf.ops._sparse_step import resource_handle, step_inputs
+from recops_tf.ops._sparse_step import float32_handle, step_inputs
+from recops_tf.ops.embedding_by_address import DynamicEmbeddingTable
 
 
 def lazy_adam_update(var, m, v, gradient, indices, lr, beta1=0.9, beta2=0.999, epsilon=1e-7,
@@ -23,7 +24,8 @@ def lazy_adam_update(var, m, v, gradient, indices, lr, beta1=0.9, beta2=0.999, e
 
     With a ``DynamicEmbeddingTable`` as ``var`` (``m`` and ``v`` None), ``indices`` are
     addresses and m, v are the rows' slots 0 and 1 (the table needs ``num_slots >= 2``);
-    address 0 is skipped.
+    address 0 is skipped. Its gradient is ``tape.gradient(loss, table.resource_handle)``,
+    an IndexedSlices keyed by address (lookups are watched automatically).
 
     Args:
       var: ``[V, D]`` float32 resource variable (tf or Keras), or a ``DynamicEmbeddingTable``.
@@ -43,8 +45,12 @@ def lazy_adam_update(var, m, v, gradient, indices, lr, beta1=0.9, beta2=0.999, e
     Gradient: none (an optimizer step).
 
     Raises:
+      TypeError: ``var``, ``m``, ``v`` or ``gradient`` not float32 (the message names it),
+        ``var`` neither a resource variable nor a table.
+      ValueError: ``gradient`` None (the loss does not depend on ``var``), ``indices``
+        missing for a dense gradient, ``m``/``v`` given for a table.
       InvalidArgumentError: an index ``>= V`` (nothing is written), a bad address, wrong
-        shapes, float32 not used, ``beta``/``epsilon`` out of range, a table without slots.
+        shapes, ``beta``/``epsilon`` out of range, a table without slots.
 
     Example:
 
@@ -55,16 +61,20 @@ def lazy_adam_update(var, m, v, gradient, indices, lr, beta1=0.9, beta2=0.999, e
     [[1.0, 1.0], [0.684, 1.316]]
     """
     with tf.name_scope(name or "lazy_adam_update"):
-        is_table, gradient, indices, lr = step_inputs(var, gradient, indices, lr)
-        attrs = dict(beta1=float(beta1), beta2=float(beta2), epsilon=float(epsilon))
-        if is_table:
+        if isinstance(var, DynamicEmbeddingTable):
             if m is not None or v is not None:
-                raise ValueError("a DynamicEmbeddingTable keeps m and v in its slots: pass "
-                                 "m=None, v=None")
+                raise ValueError("lazy_adam_update: a DynamicEmbeddingTable keeps m and v in "
+                                 "its slots: pass m=None, v=None")
+            handles = None
+        else:  # the variables first: a float64 var is named as such, not via its gradient
+            handles = [float32_handle(x, n, "lazy_adam_update")
+                       for x, n in ((var, "var"), (m, "m"), (v, "v"))]
+        _, gradient, indices, lr = step_inputs("lazy_adam_update", var, gradient, indices, lr)
+        attrs = dict(beta1=float(beta1), beta2=float(beta2), epsilon=float(epsilon))
+        if handles is None:
             return lib().recops_lazy_adam_by_address(var.resource_handle, lr, gradient,
                                                      indices, **attrs)
-        return lib().recops_lazy_adam(resource_handle(var, "var"), resource_handle(m, "m"),
-                                      resource_handle(v, "v"), lr, gradient, indices, **attrs)
+        return lib().recops_lazy_adam(*handles, lr, gradient, indices, **attrs)
 
 
 tf.no_gradient("Recops>LazyAdam")

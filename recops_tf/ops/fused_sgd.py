@@ -2,7 +2,8 @@
 import tensorflow as tf
 
 from recops_tf.ops._common import lib
-from recops_tf.ops._sparse_step import resource_handle, step_inputs
+from recops_tf.ops._sparse_step import float32_handle, step_inputs
+from recops_tf.ops.embedding_by_address import DynamicEmbeddingTable
 
 
 def sgd_update(var, gradient, indices, lr, weight_decay=0.0, name=None):
@@ -17,7 +18,9 @@ def sgd_update(var, gradient, indices, lr, weight_decay=0.0, name=None):
     weight_decay * gather(var, indices)))``; negative indices are skipped.
 
     With a ``DynamicEmbeddingTable`` as ``var``, ``indices`` are addresses and the step
-    applies to the rows' embedding columns; address 0 is skipped.
+    applies to the rows' embedding columns; address 0 is skipped. Its gradient is
+    ``tape.gradient(loss, table.resource_handle)``, an IndexedSlices keyed by address
+    (lookups are watched automatically).
 
     Args:
       var: ``[V, D]`` float32 resource variable (tf or Keras), or a ``DynamicEmbeddingTable``.
@@ -33,8 +36,12 @@ def sgd_update(var, gradient, indices, lr, weight_decay=0.0, name=None):
     Gradient: none (an optimizer step).
 
     Raises:
+      TypeError: ``var`` or ``gradient`` not float32 (the message names it), ``var``
+        neither a resource variable nor a table.
+      ValueError: ``gradient`` None (the loss does not depend on ``var``), ``indices``
+        missing for a dense gradient.
       InvalidArgumentError: an index ``>= V`` (nothing is written), a bad address, wrong
-        shapes, not float32, a negative ``weight_decay``.
+        shapes, a negative ``weight_decay``.
 
     Example:
 
@@ -44,11 +51,13 @@ def sgd_update(var, gradient, indices, lr, weight_decay=0.0, name=None):
     [[0.0, -1.0], [1.0, 1.0]]
     """
     with tf.name_scope(name or "sgd_update"):
-        is_table, gradient, indices, lr = step_inputs(var, gradient, indices, lr)
+        is_table = isinstance(var, DynamicEmbeddingTable)
+        handle = var.resource_handle if is_table else float32_handle(var, "var", "sgd_update")
+        _, gradient, indices, lr = step_inputs("sgd_update", var, gradient, indices, lr)
         if is_table:
-            return lib().recops_sgd_by_address(var.resource_handle, lr, gradient, indices,
+            return lib().recops_sgd_by_address(handle, lr, gradient, indices,
                                                weight_decay=float(weight_decay))
-        return lib().recops_sgd(resource_handle(var, "var"), lr, gradient, indices,
+        return lib().recops_sgd(handle, lr, gradient, indices,
                                 weight_decay=float(weight_decay))
 
 

@@ -1,7 +1,7 @@
 """Rank-1 gather and its deterministic scatter-add adjoint (stem gather_for_rank1)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib
+from recops_tf.ops._common import index_tensor, lib, value_tensors
 
 
 def gather_for_rank1(x, index, name=None):
@@ -24,6 +24,7 @@ def gather_for_rank1(x, index, name=None):
     Raises:
       InvalidArgumentError: ``x`` or ``index`` not rank 1; an index outside ``[0, E)`` (the
         message names its position and value).
+      TypeError: ``x`` not float32/float16/bfloat16/float64, ``index`` not int32/int64.
 
     Example:
 
@@ -31,7 +32,7 @@ def gather_for_rank1(x, index, name=None):
     [3.0, 1.0, 3.0]
     """
     with tf.name_scope(name or "gather_for_rank1"):
-        x = tf.convert_to_tensor(x, name="x")
+        x, = value_tensors("gather_for_rank1", dtype_hint=None, x=x)
         return lib().recops_gather_for_rank1(x, index_tensor(index, "index"))
 
 
@@ -57,6 +58,8 @@ def index_select_for_rank1_backward(grad_y, x, index, name=None):
 
     Raises:
       InvalidArgumentError: wrong ranks, ``len(grad_y) != len(index)``, index out of range.
+      TypeError: ``x`` not float32/float16/bfloat16/float64, ``grad_y`` of another dtype, ``index``
+        not int32/int64.
 
     Example:
 
@@ -64,8 +67,8 @@ def index_select_for_rank1_backward(grad_y, x, index, name=None):
     [2.0, 0.0, 5.0]
     """
     with tf.name_scope(name or "index_select_for_rank1_backward"):
-        x = tf.convert_to_tensor(x, name="x")
-        grad_y = tf.convert_to_tensor(grad_y, dtype=x.dtype, name="grad_y")
+        x, grad_y = value_tensors("index_select_for_rank1_backward", dtype_hint=None, x=x,
+                                  grad_y=grad_y)
         return lib().recops_index_select_for_rank1_backward(grad_y, x,
                                                             index_tensor(index, "index"))
 

@@ -1,7 +1,8 @@
 """HSTU attention: fused forward and backward (stem hstu_dense)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib, op_attrs, ragged_parts
+from recops_tf.ops._common import (describe, index_tensor, lib, op_attrs, positive_int,
+                                   value_tensors)
 from recops_tf.ops.relative_attn_bias import DEFAULT_BUCKET_DIVISOR
 
 MASK_TYPES = ("causal", "none", "custom")
@@ -16,12 +17,12 @@ def _check_mask_type(mask_type):
 
 
 def _mask_input(mask_type, mask, dtype, shape):
-    """The op's mask input: the custom mask (required for 'custom', refused otherwise), or an
-    empty tensor."""
+    """The op's mask input: the custom mask (required for 'custom', refused otherwise; already
+    a tensor of the inputs' dtype), or an empty tensor."""
     if mask_type == "custom":
         if mask is None:
             raise ValueError(f"mask_type 'custom' needs a mask {shape}")
-        return tf.convert_to_tensor(mask, dtype=dtype, name="mask")
+        return mask
     if mask is not None:
         raise ValueError(f"a mask was given but mask_type is {mask_type!r}; use 'custom'")
     return tf.zeros([0], dtype)
@@ -31,7 +32,43 @@ def _static_dim(x, axis, what):
     dim = x.shape[axis]
     if dim is None:
         raise ValueError(f"{what} must be given when it cannot be read from a static shape")
-    return int(dim)
+    return max(int(dim), 1)
+
+
+def _seq_lens(fn, max_seq_len, max_seq_len_k=None):
+    """``max_seq_len`` / ``max_seq_len_k`` checked (positive ints) where given."""
+    return tuple(None if n is None else positive_int(n, what, fn)
+                 for n, what in ((max_seq_len, "max_seq_len"),
+                                 (max_seq_len_k, "max_seq_len_k")))
+
+
+def _ragged_heads(fn, **named):
+    """(values, row_splits) of each ragged ``[B, (L), N, D]`` argument, in order: one ragged
+    axis, then heads and head size (checked where the static shape shows them)."""
+    out = []
+    for name, x in named.items():
+        if not isinstance(x, tf.RaggedTensor):
+            raise TypeError(f"{fn}: with a ragged q, {name} must be a tf.RaggedTensor too, "
+                            f"got {describe(x)}")
+        rank = x.shape.rank
+        if x.ragged_rank != 1 or rank not in (None, 4):
+            hint = (f": add the heads axis, e.g. {name}.with_values(tf.reshape({name}.values, "
+                    "[-1, num_heads, head_dim]))" if x.ragged_rank == 1 and rank == 3 else "")
+            raise ValueError(f"{fn}: a ragged {name} must be [B, (L), N, D] (one ragged axis, "
+                             f"then heads N and head size D), got {describe(x)}{hint}")
+        out += [x.values, x.row_splits]
+    return out
+
+
+def _check_layout(fn, jagged, **named):
+    """Static ranks of dense arguments: ``[T, N, D]`` with offsets (jagged), else
+    ``[B, S, N, D]``."""
+    rank, layout = (3, "jagged [T, N, D] (with seq_offsets)") if jagged else (
+        4, "dense [B, S, N, D] (or a tf.RaggedTensor [B, (L), N, D]) without seq_offsets")
+    for name, x in named.items():
+        if x.shape.rank not in (None, rank):
+            raise ValueError(f"{fn}: {name} must be {layout}, got {describe(x)} (rank "
+                             f"{x.shape.rank})")
 
 
 def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, silu_scale=0.0,
@@ -111,9 +148,13 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
         shape, counts of the wrong length or too large, timestamps not one per key row, no
         time bucket, position weights not of length ``2 * max_seq_len_k - 1``, a non-positive
         bucket_divisor.
+      TypeError: q not float32/float16/bfloat16/float64; k, v, mask, attn_bias or bias weights
+        of another dtype than q; a ragged q with a dense k or v.
       ValueError: an unknown or unsupported mask_type, a missing mask, a max_seq_len that cannot
-        be inferred, time weights without timestamps (or the reverse), attn_bias together with
-        the relative bias.
+        be inferred, a max_seq_len or max_seq_len_k below 1, time weights without timestamps
+        (or the reverse), attn_bias together with the relative bias; q, k, v of the wrong
+        layout when the static shape shows it (a ragged ``[B, (L), D]`` without heads axis,
+        two ragged axes, a jagged q not of rank 3, a dense q not of rank 4).
 
     Example:
 
@@ -123,10 +164,11 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
     [1.7616, 3.5232, 5.2848]
 
     Notes: forward and backward are tiled (64 x 64 score tiles, skipped where the mask is all
-    zero) and parallel over (sequence, head, query block) work items balanced by cost. Keras
-    models must use ``jit_compile=False``.
+    zero) and parallel over (sequence, head, query block) work items balanced by cost. No XLA
+    kernel: a Keras layer calling it sets ``supports_jit = False`` (as ``HSTUAttention`` does).
     """
     _check_mask_type(mask_type)
+    max_seq_len, max_seq_len_k = _seq_lens("hstu_attention", max_seq_len, max_seq_len_k)
     opts = dict(alpha=alpha, silu_scale=silu_scale, mask_type=mask_type, mask=mask,
                 attn_bias=attn_bias, num_context=num_context, num_target=num_target,
                 target_group_size=target_group_size, window_size=window_size,
@@ -140,24 +182,19 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
                          "bias (time_bias_weights / position_bias_weights)")
     with tf.name_scope(name or "hstu_attention"):
         if isinstance(q, tf.RaggedTensor):
-            if not (isinstance(k, tf.RaggedTensor) and isinstance(v, tf.RaggedTensor)):
-                raise TypeError("hstu_attention: with a ragged q, k and v must be ragged too")
-            qv, oq = ragged_parts(q, "q")
-            kv_, ok = ragged_parts(k, "k")
-            vv, ov = ragged_parts(v, "v")
+            qv, oq, kv_, ok, vv, _ = _ragged_heads("hstu_attention", q=q, k=k, v=v)
             if max_seq_len is None:
                 raise ValueError("max_seq_len must be given for ragged inputs")
             if isinstance(timestamps, tf.RaggedTensor):
-                timestamps = ragged_parts(timestamps, "timestamps")[0]
+                if timestamps.ragged_rank != 1:
+                    raise ValueError("hstu_attention: ragged timestamps must be [B, (L)], got "
+                                     f"{describe(timestamps)}")
+                timestamps = timestamps.values
             out = _jagged(qv, kv_, vv, oq, ok, max_seq_len, max_seq_len_k, timestamps, **opts)
             return tf.RaggedTensor.from_row_splits(out, oq, validate=False)
-        q = tf.convert_to_tensor(q, name="q")
-        k = tf.convert_to_tensor(k, dtype=q.dtype, name="k")
-        v = tf.convert_to_tensor(v, dtype=q.dtype, name="v")
+        q, k, v = value_tensors("hstu_attention", q=q, k=k, v=v)
+        _check_layout("hstu_attention", seq_offsets is not None, q=q, k=k, v=v)
         if seq_offsets is None:
-            if q.shape.rank != 4:
-                raise ValueError("hstu_attention: without seq_offsets, q must be dense "
-                                 f"[B, S, N, D], got shape {q.shape}")
             s, sk = _static_dim(q, 1, "max_seq_len"), _static_dim(k, 1, "max_seq_len_k")
             max_seq_len = s if max_seq_len is None else max_seq_len
             max_seq_len_k = sk if max_seq_len_k is None else max_seq_len_k
@@ -190,14 +227,13 @@ def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, tim
     if len({t.dtype for t in index}) > 1:
         index = [tf.cast(t, tf.int64) for t in index]
     *index, timestamps = index
+    q, k, v, mask, attn_bias, *weights = value_tensors(
+        "hstu_attention", q=q, k=k, v=v, mask=mask, attn_bias=attn_bias,
+        time_bias_weights=time_bias_weights, position_bias_weights=position_bias_weights)
     mask = _mask_input(mask_type, mask, q.dtype, "[B, Nq, max_seq_len, max_seq_len_k]")
     has_bias = attn_bias is not None
-    attn_bias = (tf.convert_to_tensor(attn_bias, dtype=q.dtype, name="attn_bias") if has_bias
-                 else tf.zeros([0], q.dtype))
-    weights = [tf.zeros([0], q.dtype) if w is None else
-               tf.convert_to_tensor(w, dtype=q.dtype, name=what)
-               for w, what in ((time_bias_weights, "time_bias_weights"),
-                               (position_bias_weights, "position_bias_weights"))]
+    attn_bias = attn_bias if has_bias else tf.zeros([0], q.dtype)
+    weights = [tf.zeros([0], q.dtype) if w is None else w for w in weights]
     left, right = (-1, -1) if window_size is None else (int(window_size[0]), int(window_size[1]))
     return lib().recops_hstu_dense_forward(
         q, k, v, *index, mask, attn_bias, timestamps, *weights, max_seq_len=int(max_seq_len),
@@ -265,6 +301,8 @@ def hstu_attention_paged(q, k, v, kv_cache, *, seq_offsets, page_offsets, page_i
       InvalidArgumentError: bad offsets, a page id out of range, a last_page_len outside
         ``[1, page_size]``, more targets than tokens, more query tokens than keys, sequences
         longer than max_seq_len(_k), a kv_cache of the wrong shape.
+      TypeError: q not float32/float16/bfloat16/float64, or k, v, kv_cache of another dtype.
+      ValueError: max_seq_len or max_seq_len_k below 1.
 
     Example:
 
@@ -276,11 +314,10 @@ def hstu_attention_paged(q, k, v, kv_cache, *, seq_offsets, page_offsets, page_i
     >>> out.shape.as_list()
     [2, 1, 2]
     """
+    max_seq_len, max_seq_len_k = _seq_lens("hstu_attention_paged", max_seq_len, max_seq_len_k)
     with tf.name_scope(name or "hstu_attention_paged"):
-        q = tf.convert_to_tensor(q, name="q")
-        k = tf.convert_to_tensor(k, dtype=q.dtype, name="k")
-        v = tf.convert_to_tensor(v, dtype=q.dtype, name="v")
-        kv_cache = tf.convert_to_tensor(kv_cache, dtype=q.dtype, name="kv_cache")
+        q, k, v, kv_cache = value_tensors("hstu_attention_paged", q=q, k=k, v=v,
+                                          kv_cache=kv_cache)
         index = [index_tensor(x, n) for x, n in (
             (seq_offsets, "seq_offsets"), (page_offsets, "page_offsets"), (page_ids, "page_ids"),
             (last_page_len, "last_page_len"), (num_target, "num_target"))]

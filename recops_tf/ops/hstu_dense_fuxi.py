@@ -1,8 +1,11 @@
 """Fuxi-alpha three-channel HSTU attention (stem hstu_dense_fuxi)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib, op_attrs, ragged_parts
-from recops_tf.ops.hstu_dense import _check_mask_type, _mask_input, _static_dim
+from recops_tf.ops._common import index_tensor, lib, op_attrs, value_tensors
+from recops_tf.ops.hstu_dense import (_check_layout, _check_mask_type, _mask_input,
+                                      _ragged_heads, _seq_lens, _static_dim)
+
+_FN = "hstu_attention_fuxi"
 
 
 def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestamp_bias=None,
@@ -51,7 +54,11 @@ def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestam
     Raises:
       InvalidArgumentError: bad offsets, a sequence longer than ``max_seq_len``, q, k, v of
         different head counts or head sizes, bias or mask shapes.
-      ValueError: only one of the two biases, an unknown mask_type, a missing mask.
+      TypeError: q not float32/float16/bfloat16/float64; k, v, the biases or the mask of
+        another dtype than q; a ragged q with a dense k or v.
+      ValueError: only one of the two biases, an unknown mask_type, a missing mask, a
+        max_seq_len below 1; q, k, v of the wrong layout when the static shape shows it (as
+        ``hstu_attention``).
 
     Example:
 
@@ -63,27 +70,21 @@ def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestam
     (TensorShape([3, 6]), [1.0, 2.0, 3.0])
     """
     _check_mask_type(mask_type)
+    max_seq_len, _ = _seq_lens(_FN, max_seq_len)
     if (timestamp_bias is None) != (position_bias is None):
         raise ValueError("hstu_attention_fuxi: give both timestamp_bias and position_bias "
                          "(the temporal and positional channels), or neither")
     with tf.name_scope(name or "hstu_attention_fuxi"):
         if isinstance(q, tf.RaggedTensor):
-            if not (isinstance(k, tf.RaggedTensor) and isinstance(v, tf.RaggedTensor)):
-                raise TypeError("hstu_attention_fuxi: with a ragged q, k and v must be ragged")
+            qv, splits, kv_, _, vv, _ = _ragged_heads(_FN, q=q, k=k, v=v)
             if max_seq_len is None:
                 raise ValueError("max_seq_len must be given for ragged inputs")
-            qv, splits = ragged_parts(q, "q")
-            out = _jagged(qv, ragged_parts(k, "k")[0], ragged_parts(v, "v")[0], splits,
-                          max_seq_len, timestamp_bias, position_bias, mask_type, mask,
-                          silu_scale)
+            out = _jagged(qv, kv_, vv, splits, max_seq_len, timestamp_bias, position_bias,
+                          mask_type, mask, silu_scale)
             return tf.RaggedTensor.from_row_splits(out, splits, validate=False)
-        q = tf.convert_to_tensor(q, name="q")
-        k = tf.convert_to_tensor(k, dtype=q.dtype, name="k")
-        v = tf.convert_to_tensor(v, dtype=q.dtype, name="v")
+        q, k, v = value_tensors(_FN, q=q, k=k, v=v)
+        _check_layout(_FN, seq_offsets is not None, q=q, k=k, v=v)
         if seq_offsets is None:
-            if q.shape.rank != 4:
-                raise ValueError("hstu_attention_fuxi: without seq_offsets, q must be dense "
-                                 f"[B, S, N, D], got shape {q.shape}")
             s = _static_dim(q, 1, "max_seq_len")
             max_seq_len = s if max_seq_len is None else max_seq_len
             shape = tf.shape(q, out_type=tf.int64)
@@ -100,13 +101,13 @@ def hstu_attention_fuxi(q, k, v, *, seq_offsets=None, max_seq_len=None, timestam
 
 def _jagged(q, k, v, seq_offsets, max_seq_len, timestamp_bias, position_bias, mask_type, mask,
             silu_scale):
+    q, k, v, ts, pos, mask = value_tensors(_FN, q=q, k=k, v=v, timestamp_bias=timestamp_bias,
+                                           position_bias=position_bias, mask=mask)
     mask = _mask_input(mask_type, mask, q.dtype, "[B, N, max_seq_len, max_seq_len]")
-    has_bias = timestamp_bias is not None
+    has_bias = ts is not None
     empty = tf.zeros([0], q.dtype)
-    ts = tf.convert_to_tensor(timestamp_bias, q.dtype, name="timestamp_bias") if has_bias \
-        else empty
-    pos = tf.convert_to_tensor(position_bias, q.dtype, name="position_bias") if has_bias \
-        else empty
+    ts = empty if ts is None else ts
+    pos = empty if pos is None else pos
     return lib().recops_hstu_fuxi_forward(
         q, k, v, index_tensor(seq_offsets, "seq_offsets"), mask, ts, pos,
         max_seq_len=int(max_seq_len), silu_scale=float(silu_scale), mask_type=mask_type,

@@ -1,7 +1,7 @@
 """The UVQK projection of an HSTU layer: linear, SiLU, four-way split (stem in_linear_silu)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import lib, zeros_if_none
+from recops_tf.ops._common import lib, value_tensors, zeros_if_none
 
 
 @tf.custom_gradient
@@ -52,6 +52,8 @@ def in_linear_silu(x, weight, bias, split_sizes, *, weight_layout="nk", name=Non
     Raises:
       InvalidArgumentError: ``x`` and ``weight`` not sharing K (raised by the matmul), ``bias``
         not ``[Nw]``, ``split_sizes`` not summing to Nw.
+      TypeError: ``x`` not float32/float16/bfloat16/float64, or ``weight`` / ``bias`` of another
+        dtype.
       ValueError: ``split_sizes`` not four non-negative ints, an unknown ``weight_layout``.
 
     Example:
@@ -71,11 +73,9 @@ def in_linear_silu(x, weight, bias, split_sizes, *, weight_layout="nk", name=Non
             outs = in_linear_silu(x.flat_values, weight, bias, sizes,
                                   weight_layout=weight_layout)
             return tuple(x.with_flat_values(o) for o in outs)
-        x = tf.convert_to_tensor(x, dtype_hint=tf.float32, name="x")
-        weight = tf.convert_to_tensor(weight, dtype=x.dtype, name="weight")
+        x, weight, bias = value_tensors("in_linear_silu", x=x, weight=weight, bias=bias)
         if weight_layout == "kn":
             weight = tf.transpose(weight)
-        bias = tf.convert_to_tensor(bias, dtype=x.dtype, name="bias")
         lead = tf.shape(x)[:-1]
         rows = tf.reshape(x, [-1, tf.shape(x)[-1]]) if x.shape.rank != 2 else x
         xw = _project(rows, weight)

@@ -1,7 +1,7 @@
 """LayerNorm then multiply (stem ln_mul)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import lib
+from recops_tf.ops._common import lib, value_tensors
 
 
 def flat_rows(x, u, fn_name):
@@ -40,6 +40,8 @@ def ln_mul(x, u, gamma, beta, epsilon=1e-5, name=None):
     Raises:
       InvalidArgumentError: ``u`` not shaped like ``x``, ``gamma`` / ``beta`` not ``[C]``, an
         empty last axis, ``epsilon <= 0``.
+      TypeError: ``x`` not float32/float16/bfloat16/float64, or ``u`` / ``gamma`` / ``beta`` of
+        another dtype.
 
     Example:
 
@@ -49,10 +51,7 @@ def ln_mul(x, u, gamma, beta, epsilon=1e-5, name=None):
     """
     with tf.name_scope(name or "ln_mul"):
         x, u, rebuild = flat_rows(x, u, "ln_mul")
-        x = tf.convert_to_tensor(x, dtype_hint=tf.float32, name="x")
-        u = tf.convert_to_tensor(u, dtype=x.dtype, name="u")
-        gamma = tf.convert_to_tensor(gamma, dtype=x.dtype, name="gamma")
-        beta = tf.convert_to_tensor(beta, dtype=x.dtype, name="beta")
+        x, u, gamma, beta = value_tensors("ln_mul", x=x, u=u, gamma=gamma, beta=beta)
         return rebuild(lib().recops_ln_mul(x, u, gamma, beta, epsilon=float(epsilon)))
 
 

@@ -1,7 +1,7 @@
 """Many column slices concatenated into several outputs in one pass (stem multislice_concat)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import lib, zeros_if_none
+from recops_tf.ops._common import lib, value_tensors, zeros_if_none
 
 
 def _int_list(values, name):
@@ -38,6 +38,7 @@ def multislice_concat(x, concat_sizes, slice_begins, slice_lengths, name=None):
     Raises:
       InvalidArgumentError: ``x`` not rank 2; counts that do not add up; a begin outside
         ``[0, D)``, a length below 1 (other than -1) or running past ``D``.
+      TypeError: ``x`` not float32/float16/bfloat16/float64.
 
     Example:
 
@@ -52,7 +53,7 @@ def multislice_concat(x, concat_sizes, slice_begins, slice_lengths, name=None):
     if not concat_sizes:
         raise ValueError("multislice_concat: concat_sizes must not be empty")
     with tf.name_scope(name or "multislice_concat"):
-        x = tf.convert_to_tensor(x, name="x")
+        x, = value_tensors("multislice_concat", dtype_hint=None, x=x)
         return list(lib().recops_multislice_concat(
             x, N=len(concat_sizes), concat_sizes=concat_sizes, slice_begins=slice_begins,
             slice_lengths=slice_lengths))

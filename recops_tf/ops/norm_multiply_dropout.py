@@ -1,7 +1,7 @@
 """LayerNorm · u with inverted dropout (stem norm_multiply_dropout)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib
+from recops_tf.ops._common import index_tensor, lib, value_tensors
 from recops_tf.ops.ln_mul import flat_rows
 
 
@@ -46,6 +46,8 @@ def norm_multiply_dropout(x, u, weight, bias, epsilon=1e-5, dropout_rate=0.0, tr
       InvalidArgumentError: shapes (``u`` not like ``x``, ``weight`` / ``bias`` not ``[C]``,
         ``seed`` not of 2 values), an empty last axis, ``epsilon <= 0``, ``dropout_rate``
         outside ``[0, 1)``.
+      TypeError: ``x`` not float32/float16/bfloat16/float64, or ``u`` / ``weight`` / ``bias`` of
+        another dtype.
 
     Example:
 
@@ -55,10 +57,8 @@ def norm_multiply_dropout(x, u, weight, bias, epsilon=1e-5, dropout_rate=0.0, tr
     """
     with tf.name_scope(name or "norm_multiply_dropout"):
         x, u, rebuild = flat_rows(x, u, "norm_multiply_dropout")
-        x = tf.convert_to_tensor(x, dtype_hint=tf.float32, name="x")
-        u = tf.convert_to_tensor(u, dtype=x.dtype, name="u")
-        weight = tf.convert_to_tensor(weight, dtype=x.dtype, name="weight")
-        bias = tf.convert_to_tensor(bias, dtype=x.dtype, name="bias")
+        x, u, weight, bias = value_tensors("norm_multiply_dropout", x=x, u=u, weight=weight,
+                                           bias=bias)
         rate = float(dropout_rate) if training else 0.0
         if seed is None:
             seed = (tf.random.uniform([2], minval=tf.int64.min, maxval=tf.int64.max,

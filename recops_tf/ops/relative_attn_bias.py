@@ -3,7 +3,7 @@ relative_attn_bias)."""
 import numpy as np
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib
+from recops_tf.ops._common import index_tensor, lib, value_tensors
 
 DEFAULT_BUCKET_DIVISOR = 0.301
 
@@ -50,6 +50,7 @@ def relative_attn_bias_time(timestamps, weights, bucket_divisor=DEFAULT_BUCKET_D
     Raises:
       InvalidArgumentError: ``timestamps`` or ``weights`` not rank 2, NB < 1, a non-positive
         or non-finite divisor.
+      TypeError: ``weights`` not float32/float16/bfloat16/float64, ``timestamps`` not int32/int64.
 
     Example:
 
@@ -60,7 +61,7 @@ def relative_attn_bias_time(timestamps, weights, bucket_divisor=DEFAULT_BUCKET_D
     """
     with tf.name_scope(name or "relative_attn_bias_time"):
         timestamps = _dense_timestamps(timestamps)
-        weights = tf.convert_to_tensor(weights, dtype_hint=tf.float32, name="weights")
+        weights, = value_tensors("relative_attn_bias_time", weights=weights)
         return tuple(lib().recops_relative_attn_bias_time(
             timestamps, weights, bucket_divisor=float(bucket_divisor), duplicate=duplicate))
 
@@ -88,6 +89,7 @@ def relative_attn_bias_backward(grad, buckets, num_buckets, *, duplicate=True, n
 
     Raises:
       InvalidArgumentError: ranks, ``grad`` not matching ``buckets``, a bucket out of range.
+      TypeError: ``grad`` not float32/float16/bfloat16/float64.
 
     Example:
 
@@ -96,7 +98,7 @@ def relative_attn_bias_backward(grad, buckets, num_buckets, *, duplicate=True, n
     [[1.0, 3.0, 0.0]]
     """
     with tf.name_scope(name or "relative_attn_bias_backward"):
-        grad = tf.convert_to_tensor(grad, dtype_hint=tf.float32, name="grad")
+        grad, = value_tensors("relative_attn_bias_backward", grad=grad)
         buckets = tf.convert_to_tensor(buckets, dtype=tf.int32, name="buckets")
         num_buckets = tf.convert_to_tensor(num_buckets, dtype=tf.int32, name="num_buckets")
         return lib().recops_relative_attn_bias_backward(grad, buckets, num_buckets,
@@ -128,6 +130,8 @@ def relative_attn_bias_pos(rel_pos_bias, identity, past_valid_lens, name=None):
     Raises:
       InvalidArgumentError: matrices not square or of different shapes, a length outside
         ``[0, S2]``.
+      TypeError: ``rel_pos_bias`` not float32/float16/bfloat16/float64, or ``identity`` of another
+        dtype.
 
     Example:
 
@@ -136,9 +140,8 @@ def relative_attn_bias_pos(rel_pos_bias, identity, past_valid_lens, name=None):
     [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [3.0, 4.0, 5.0]]
     """
     with tf.name_scope(name or "relative_attn_bias_pos"):
-        rel_pos_bias = tf.convert_to_tensor(rel_pos_bias, dtype_hint=tf.float32,
-                                            name="rel_pos_bias")
-        identity = tf.convert_to_tensor(identity, dtype=rel_pos_bias.dtype, name="identity")
+        rel_pos_bias, identity = value_tensors("relative_attn_bias_pos",
+                                               rel_pos_bias=rel_pos_bias, identity=identity)
         return lib().recops_relative_attn_bias_pos(
             rel_pos_bias, identity, index_tensor(past_valid_lens, "past_valid_lens"))
 

@@ -1,7 +1,9 @@
 """Reversal of the valid prefix of each sequence (stem reverse_sequence)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import index_tensor, lib
+from recops_tf.ops._common import index_tensor, lib, stem_dtypes, value_tensors
+
+_DTYPES = stem_dtypes("reverse_sequence")
 
 
 def reverse_sequence(x, seq_lengths, name=None):
@@ -26,6 +28,8 @@ def reverse_sequence(x, seq_lengths, name=None):
       InvalidArgumentError: ``x`` not rank 3, ``len(seq_lengths) != B``, a length outside
         ``[0, T]`` (negative lengths are rejected, as TensorFlow does, rather than treated
         as 0 as the seed does).
+      TypeError: ``x`` not float32/float16/bfloat16/float64/int64, ``seq_lengths`` not
+        int32/int64.
 
     Example:
 
@@ -34,7 +38,7 @@ def reverse_sequence(x, seq_lengths, name=None):
     [2.0, 1.0, 0.0, 3.0]
     """
     with tf.name_scope(name or "reverse_sequence"):
-        x = tf.convert_to_tensor(x, name="x")
+        x, = value_tensors("reverse_sequence", dtypes=_DTYPES, dtype_hint=None, x=x)
         return lib().recops_reverse_sequence(x, index_tensor(seq_lengths, "seq_lengths"))
 
 

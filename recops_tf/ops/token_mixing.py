@@ -1,7 +1,7 @@
 """LayerNorm of x + xᵀ (stem token_mixing)."""
 import tensorflow as tf
 
-from recops_tf.ops._common import lib
+from recops_tf.ops._common import lib, value_tensors
 
 
 def token_mixing(x, gamma, beta, epsilon=1e-7, name=None):
@@ -29,6 +29,8 @@ def token_mixing(x, gamma, beta, epsilon=1e-7, name=None):
     Raises:
       InvalidArgumentError: ``x`` not ``[B, S, S]`` (S != H), ``gamma`` / ``beta`` not
         ``[S]``, S = 0, ``epsilon <= 0``.
+      TypeError: ``x`` not float32/float16/bfloat16/float64, or ``gamma`` / ``beta`` of another
+        dtype.
 
     Example:
 
@@ -37,9 +39,7 @@ def token_mixing(x, gamma, beta, epsilon=1e-7, name=None):
     [[-1.0, 1.0], [0.0, 0.0]]
     """
     with tf.name_scope(name or "token_mixing"):
-        x = tf.convert_to_tensor(x, dtype_hint=tf.float32, name="x")
-        gamma = tf.convert_to_tensor(gamma, dtype=x.dtype, name="gamma")
-        beta = tf.convert_to_tensor(beta, dtype=x.dtype, name="beta")
+        x, gamma, beta = value_tensors("token_mixing", x=x, gamma=gamma, beta=beta)
         return lib().recops_token_mixing(x, gamma, beta, epsilon=float(epsilon))
 
 

@@ -2,12 +2,13 @@
 import keras
 import tensorflow as tf
 
-from recops_tf.ops.embedding_by_address import table_of_anchor
+from recops_tf.ops.embedding_by_address import optimizer_variable, table_of_anchor
 from recops_tf.ops.fused_lazy_adam import lazy_adam_update
+from recops_tf.optimizers._tables import TableAwareOptimizer, slices_of_table
 
 
 @keras.saving.register_keras_serializable(package="recops_tf")
-class LazyAdam(keras.optimizers.Optimizer):
+class LazyAdam(TableAwareOptimizer):
     """Adam that, for sparse gradients, updates only the rows the batch touched.
 
     TF-Addons LazyAdam semantics: for a ``tf.IndexedSlices`` gradient (an embedding lookup's,
@@ -23,7 +24,9 @@ class LazyAdam(keras.optimizers.Optimizer):
     deterministic, multi-threaded); other dtypes use the same math from stock ops. Dense
     gradients get the ordinary (dense) Adam update with the same formula. A
     ``recops_tf.layers.DynamicEmbedding`` table is updated by address, with m and v in its
-    co-located slots.
+    co-located slots; so is a raw ``DynamicEmbeddingTable`` (``num_slots >= 2``) passed
+    where a variable goes, with its gradient ``tape.gradient(loss, table.resource_handle)``:
+    ``apply_gradients([(grad, table), ...])``, bias correction and clipping included.
 
     Args:
       learning_rate: float, schedule or callable.
@@ -33,6 +36,16 @@ class LazyAdam(keras.optimizers.Optimizer):
       name, **kwargs: as ``keras.optimizers.Optimizer`` (``clipnorm``, ``clipvalue``,
         ``global_clipnorm``, ``ema``...). Keras' own decoupled ``weight_decay`` is not
         supported here.
+
+    Example:
+
+    >>> table = recops_tf.DynamicEmbeddingTable(2, num_slots=2)
+    >>> with tf.GradientTape() as tape:
+    ...     loss = tf.reduce_sum(recops_tf.embedding_lookup(table, [7, 8]))
+    >>> optimizer = LazyAdam(0.1)
+    >>> _ = optimizer.apply_gradients([(tape.gradient(loss, table.resource_handle), table)])
+    >>> int(optimizer.iterations)
+    1
     """
 
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
@@ -48,6 +61,7 @@ class LazyAdam(keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
+        var_list = [optimizer_variable(v) for v in var_list]  # a table: its anchor
         super().build(var_list)
         self._m, self._v = [], []
         for var in var_list:
@@ -66,13 +80,15 @@ class LazyAdam(keras.optimizers.Optimizer):
         attrs = dict(beta1=self.beta_1, beta2=self.beta_2, epsilon=self.epsilon)
         table = table_of_anchor(variable)
         if table is not None:
-            return lazy_adam_update(table, None, None, _as_slices(gradient, table), None,
+            return lazy_adam_update(table, None, None, slices_of_table(gradient), None,
                                     self._bias_corrected(learning_rate, tf.float32), **attrs)
         index = self._get_variable_index(variable)
         m, v = self._m[index], self._v[index]
         lr_t = self._bias_corrected(learning_rate, variable.dtype)
         if isinstance(gradient, tf.IndexedSlices):
-            if variable.dtype == tf.float32:
+            # The fused kernel steps the rows of a float32 matrix; other dtypes and ranks (a
+            # gathered bias vector, a [V, a, b] table) take the same step from stock ops.
+            if variable.dtype == tf.float32 and len(variable.shape) == 2:
                 return lazy_adam_update(variable, m, v, gradient, None, lr_t, **attrs)
             return self._sparse_composite(gradient, variable, m, v, lr_t)
         g = tf.cast(gradient, variable.dtype)
@@ -82,7 +98,7 @@ class LazyAdam(keras.optimizers.Optimizer):
         self.assign_sub(variable, lr_t * m / (tf.sqrt(v) + _constant(self.epsilon, v.dtype)))
 
     def _sparse_composite(self, gradient, variable, m, v, lr_t):
-        """The TF-Addons LazyAdam step from stock ops (for non-float32 variables)."""
+        """The TF-Addons LazyAdam step from stock ops (variables the kernel does not take)."""
         dtype = variable.dtype
         unique, position = tf.unique(gradient.indices)
         g = tf.math.unsorted_segment_sum(tf.cast(gradient.values, dtype), position,
@@ -106,10 +122,3 @@ def _constant(x, dtype):
     """x in dtype without a detour through float32 (tf.cast of a Python float would round it
     to float32 first)."""
     return tf.cast(x, dtype) if tf.is_tensor(x) else tf.constant(x, dtype)
-
-
-def _as_slices(gradient, table):
-    if not isinstance(gradient, tf.IndexedSlices):
-        raise TypeError(f"the gradient of a DynamicEmbeddingTable must be an IndexedSlices "
-                        f"keyed by address (from its lookups), got {type(gradient).__name__}")
-    return gradient

@@ -4,11 +4,12 @@ import tensorflow as tf
 
 from recops_tf.ops.embedding_by_address import table_of_anchor
 from recops_tf.ops.fused_sgd import sgd_update
-from recops_tf.optimizers.lazy_adam import _as_slices, _constant
+from recops_tf.optimizers._tables import TableAwareOptimizer, slices_of_table
+from recops_tf.optimizers.lazy_adam import _constant
 
 
 @keras.saving.register_keras_serializable(package="recops_tf")
-class SparseSGD(keras.optimizers.Optimizer):
+class SparseSGD(TableAwareOptimizer):
     """SGD, sparse where the gradient is: ``var[r] -= lr * (g + weight_decay * var[r])``.
 
     For a ``tf.IndexedSlices`` gradient only the touched rows change, each occurrence of a
@@ -16,7 +17,9 @@ class SparseSGD(keras.optimizers.Optimizer):
     duplicates accumulate, weight decay counted once per occurrence); float32 variables use the
     fused ``sgd_update`` kernel, other dtypes the same math from stock ops. Dense gradients
     update every row: ``var -= lr * (g + weight_decay * var)``. A
-    ``recops_tf.layers.DynamicEmbedding`` table (any ``num_slots``) is updated by address.
+    ``recops_tf.layers.DynamicEmbedding`` table (any ``num_slots``) is updated by address;
+    so is a raw ``DynamicEmbeddingTable`` passed where a variable goes
+    (``apply_gradients([(tape.gradient(loss, table.resource_handle), table)])``).
 
     Unlike Keras' decoupled ``weight_decay`` (applied to every row of every variable each
     step), this weight decay is part of the gradient, so untouched embedding rows do not decay.
@@ -37,10 +40,10 @@ class SparseSGD(keras.optimizers.Optimizer):
         wd = self.sparse_weight_decay
         table = table_of_anchor(variable)
         if table is not None:
-            return sgd_update(table, _as_slices(gradient, table), None, learning_rate,
+            return sgd_update(table, slices_of_table(gradient), None, learning_rate,
                               weight_decay=wd)
         if isinstance(gradient, tf.IndexedSlices):
-            if variable.dtype == tf.float32:
+            if variable.dtype == tf.float32 and len(variable.shape) == 2:  # the kernel's case
                 return sgd_update(variable, gradient, None, learning_rate, weight_decay=wd)
             dtype = variable.dtype
             values = tf.cast(gradient.values, dtype)

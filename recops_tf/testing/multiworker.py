@@ -147,7 +147,12 @@ def parity_loss(embedding, dense, keys, labels, scale):
 # --- scenarios (run in the workers) ----------------------------------------------------------
 
 def save(out_dir, rank, **results):
-    np.savez(os.path.join(out_dir, f"result_{rank}.npz"), **results)
+    """Writes the worker's results atomically: a worker killed at the launcher's deadline
+    leaves no result file rather than a partial one."""
+    path = os.path.join(out_dir, f"result_{rank}.npz")
+    with open(path + ".part", "wb") as f:
+        np.savez(f, **results)
+    os.replace(path + ".part", path)
 
 
 def _scenario_collectives(group, out_dir):

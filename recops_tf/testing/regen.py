@@ -1,9 +1,15 @@
-"""Generated artifacts: ``docs/ops.md`` (from the ops table and the wrappers' docstrings), the
-OpDef golden file ``tests/golden/ops.pbtxt`` and the public Python API record
-``tests/golden/api.txt``. Tests compare the committed copies with what these functions
-produce; ``python tools/regen.py docs|golden|api`` rewrites them on purpose."""
+"""Generated artifacts: ``docs/ops.md`` (from the ops table and the wrappers' docstrings),
+``docs/api.md`` (the layers, optimizers, table and channel classes and ``recops_tf.distributed``,
+from their docstrings), the OpDef golden file ``tests/golden/ops.pbtxt``, the public Python API
+record ``tests/golden/api.txt`` and the validation rules of ``docs/robustness.md``. Tests
+compare the committed copies with what these functions produce; ``python tools/regen.py
+docs|golden|api|robustness`` rewrites them on purpose."""
+import ast
+import dataclasses
+import glob
 import inspect
 import os
+import re
 
 from google.protobuf import text_format
 from tensorflow.core.framework import op_def_pb2
@@ -12,12 +18,13 @@ from recops_tf import _loader, _ops_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS_PATH = os.path.join(ROOT, "docs", "ops.md")
+REFERENCE_PATH = os.path.join(ROOT, "docs", "api.md")
 GOLDEN_PATH = os.path.join(ROOT, "tests", "golden", "ops.pbtxt")
 API_PATH = os.path.join(ROOT, "tests", "golden", "api.txt")
 
 # The public namespaces whose signatures the API record pins.
 API_MODULES = ("recops_tf", "recops_tf.layers", "recops_tf.optimizers", "recops_tf.distributed",
-               "recops_tf.recommender")
+               "recops_tf.saving", "recops_tf.recommender")
 
 
 def golden_text():
@@ -60,6 +67,99 @@ def docs_text():
     return "\n".join(out) + "\n"
 
 
+# docs/api.md: (title, module, names or None for the module's __all__, intro).
+REFERENCE_SECTIONS = (
+    ("Layers", "recops_tf.layers", None,
+     "Keras 3 layers (`keras.saving.register_keras_serializable(package=\"recops_tf\")`, "
+     "complete `get_config`, `.keras` save and load). They have no XLA kernel and set "
+     "`supports_jit = False`: Keras never compiles a model using them with XLA."),
+    ("Optimizers", "recops_tf.optimizers", None,
+     "Keras 3 optimizers (TensorFlow backend) that apply the fused sparse kernels to the rows "
+     "a batch touched."),
+    ("Tables and channels", "recops_tf", ("DynamicEmbeddingTable", "HostChannel"),
+     "The classes of `recops_tf`: the growing embedding table behind `layers.DynamicEmbedding`, "
+     "the by-address ops and the optimizers, and the host channel of "
+     "`rma_swap_multi_tables`. Their ops are in [ops.md](ops.md)."),
+    ("Distributed", "recops_tf.distributed", None, None),
+    ("Saving", "recops_tf.saving", None,
+     "SavedModel export of models with ragged inputs (`model.export()` gives a ragged "
+     "`keras.Input` a dense endpoint, which the sequence layers refuse)."),
+)
+# Keras's own protocol methods, documented by Keras: listed only when they have a docstring.
+_KERAS_METHODS = {"build", "compute_output_shape", "get_config", "from_config",
+                  "save_own_variables", "load_own_variables", "update_step", "call"}
+
+
+def _doc(obj):
+    return inspect.cleandoc(obj.__doc__) if getattr(obj, "__doc__", None) else ""
+
+
+def _constructor(cls):
+    """The constructor's signature without `self` (the class's own can read ``(*args,
+    **kwargs)`` when a base class defines ``__new__``)."""
+    try:
+        signature = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return "(...)"
+    return str(signature.replace(parameters=list(signature.parameters.values())[1:]))
+
+
+def _reference_class(qualified, cls):
+    out = [f"### `{qualified}{_constructor(cls)}`", ""]
+    out += [_doc(cls) or "(no docstring)", ""]
+    if "call" in vars(cls):
+        call = _signature(vars(cls)["call"]).replace("(self, ", "(").replace("(self)", "()")
+        out += [f"Called as `layer{call}`.", ""]
+    for attr, member in vars(cls).items():
+        if attr.startswith("_"):
+            continue
+        if isinstance(member, property):
+            if member.__doc__:
+                out += [f"#### `{qualified}.{attr}` (property)", "", _doc(member), ""]
+            continue
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if not callable(member) or (attr in _KERAS_METHODS and not member.__doc__):
+            continue
+        signature = _signature(member).replace("(self, ", "(").replace("(self)", "()")
+        signature = signature.replace("(cls, ", "(").replace("(cls)", "()")
+        out += [f"#### `{qualified}.{attr}{signature}`", "", _doc(member) or "(no docstring)",
+                ""]
+    return out
+
+
+def reference_text():
+    """docs/api.md: the Python reference beyond the ops, one section per namespace."""
+    import importlib
+
+    out = ["# recops_tf Python API: layers, optimizers, tables, distributed", "",
+           "Generated by `python tools/regen.py docs` from the docstrings; do not edit by hand. "
+           "The op functions are in [ops.md](ops.md).", ""]
+    sections = []
+    for title, module_name, names, intro in REFERENCE_SECTIONS:
+        module = importlib.import_module(module_name)
+        names = names or module.__all__
+        sections.append((title, module_name, module, names, intro))
+        out.append(f"- [{title}](#{title.lower().replace(' ', '-')}): "
+                   + ", ".join(f"`{n}`" for n in names))
+    for title, module_name, module, names, intro in sections:
+        out += ["", f"## {title}", ""]
+        if intro is None:
+            intro = _doc(module)
+        out += [intro, ""]
+        for name in names:
+            obj = getattr(module, name)
+            qualified = f"{module_name}.{name}"
+            if inspect.isclass(obj):
+                out += _reference_class(qualified, obj)
+            else:
+                out += [f"### `{qualified}{_signature(obj)}`", "", _doc(obj) or "(no docstring)",
+                        ""]
+    while out[-1] == "":
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
 def _signature(obj):
     try:
         return str(inspect.signature(obj))
@@ -96,60 +196,203 @@ ROBUSTNESS_PATH = os.path.join(ROOT, "docs", "robustness.md")
 RULES_START, RULES_END = "<!-- validation rules: start -->", "<!-- validation rules: end -->"
 
 
-def _messages_of_test_file(path):
-    """The error messages a test file asserts: the ``match=`` of every ``pytest.raises``, and
-    the values of parametrize arguments named ``message`` feeding one."""
-    import ast
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One validation rule a test asserts: calling `function` raises `errors` with a message
+    matching `message` (a regular expression), in test function `test`."""
+    test: str
+    function: str
+    errors: str
+    message: str
 
+
+def _constant(node):
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _parameters(function):
+    """``{argument: [value node per case]}`` of a test's ``pytest.mark.parametrize``."""
+    found = {}
+    for decorator in function.decorator_list:
+        if not (isinstance(decorator, ast.Call) and getattr(decorator.func, "attr", "") ==
+                "parametrize" and len(decorator.args) >= 2 and _constant(decorator.args[0])):
+            continue
+        names = [n.strip() for n in _constant(decorator.args[0]).split(",")]
+        for case in getattr(decorator.args[1], "elts", []):
+            values = case.elts if len(names) > 1 and isinstance(case, ast.Tuple) else [case]
+            for name, value in zip(names, values):
+                found.setdefault(name, []).append(value)
+    return found
+
+
+def _op_name(wrapper):
+    """``recops_hstu_fuxi_backward`` (a generated wrapper) -> ``Recops>HstuFuxiBackward``."""
+    return "Recops>" + "".join(w.capitalize() for w in wrapper[len("recops_"):].split("_"))
+
+
+def _called(body, helpers, depth=0):
+    """The public function (or raw op) the statements `body` call first, looking through the
+    test module's own helper functions."""
+    for node in [n for statement in body for n in ast.walk(statement)]:
+        if not isinstance(node, ast.Call):
+            continue
+        name = ast.unparse(node.func)
+        last = name.split(".")[-1]
+        if last.startswith("recops_") and "()." in name:  # lib().recops_x, _loader.load()...
+            return f"`{_op_name(last)}` (raw op)"
+        if name.startswith("recops_tf.") and "(" not in name:
+            return f"`{name}`"
+        if name.startswith("dist."):
+            return f"`recops_tf.distributed.{name[len('dist.'):]}`"
+        if name in helpers and depth < 2:
+            inner = _called(helpers[name].body, helpers, depth + 1)
+            if inner:
+                return inner
+    return None
+
+
+def _error_names(node):
+    text = ast.unparse(node).strip("()")
+    return " or ".join(t.strip().split(".")[-1] for t in text.split(",") if t.strip())
+
+
+def rules_of_test_file(path, public=()):
+    """The validation rules a test file asserts: every ``pytest.raises(..., match=...)``, with
+    ``match`` a string or a parametrized argument (``error`` may be one too). `public`: the
+    stem's public functions; a call of a local function (a ``tf.function`` of the op) is
+    taken for the stem's only one."""
     with open(path) as f:
         tree = ast.parse(f.read())
-    found = []
-
-    def constant(node):
-        return node.value if isinstance(node, ast.Constant) and isinstance(node.value,
-                                                                             str) else None
-
+    helpers = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "raises":
-            for kw in node.keywords:
-                if kw.arg == "match" and constant(kw.value):
-                    found.append(constant(kw.value))
-        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "parametrize"
-                and node.args and constant(node.args[0])):
-            names = [n.strip() for n in constant(node.args[0]).split(",")]
-            if "message" not in names or len(node.args) < 2:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("test"):
+            helpers.setdefault(node.name, node)
+    rules = []
+    for test in [n for n in tree.body if isinstance(n, ast.FunctionDef)
+                 and n.name.startswith("test")]:
+        parameters = _parameters(test)
+        for node in ast.walk(test):
+            if not isinstance(node, ast.With):
                 continue
-            index = names.index("message")
-            values = node.args[1]
-            for item in getattr(values, "elts", []):
-                parts = getattr(item, "elts", None)
-                if parts is not None and index < len(parts) and constant(parts[index]):
-                    found.append(constant(parts[index]))
-    seen, unique = set(), []
-    for message in found:
-        if message not in seen:
-            seen.add(message)
-            unique.append(message)
+            for item in node.items:
+                raises = item.context_expr
+                if not (isinstance(raises, ast.Call) and
+                        getattr(raises.func, "attr", "") == "raises" and raises.args):
+                    continue
+                match = next((kw.value for kw in raises.keywords if kw.arg == "match"), None)
+                if _constant(match):
+                    messages = [_constant(match)]
+                    errors = [raises.args[0]]
+                elif isinstance(match, ast.Name) and match.id in parameters:
+                    messages = [_constant(v) for v in parameters[match.id]]
+                    error = raises.args[0]
+                    errors = (parameters[error.id] if isinstance(error, ast.Name) and
+                              error.id in parameters else [error] * len(messages))
+                else:
+                    continue
+                function = _called(node.body, helpers)
+                first = node.body[0]
+                if (function is None and len(public) == 1 and isinstance(first, ast.Expr)
+                        and isinstance(first.value, ast.Call)
+                        and isinstance(first.value.func, ast.Name)):
+                    function = f"`recops_tf.{public[0]}`"
+                function = function or f"`{ast.unparse(first)}`"
+                for message, error in zip(messages, errors):
+                    if message:
+                        rules.append(Rule(test.name, function, _error_names(error), message))
+    unique = []
+    for rule in rules:
+        if rule not in unique:
+            unique.append(rule)
     return unique
 
 
+def _plain(pattern):
+    """A message pattern as text: escapes undone, ``.*`` as an ellipsis, alternatives quoted
+    apart."""
+    parts = re.split(r"(?<!\\)\|", pattern)
+    parts = [re.sub(r"\\(.)", r"\1", re.sub(r"(?<!\\)\.\*", "…", p)) for p in parts]
+    return "” or “".join(parts)
+
+
+def _case(test):
+    """A test's name as the case it checks: ``test_error_x_rank`` -> ``x rank``."""
+    name = re.sub(r"^test_", "", test)
+    return re.sub(r"^errors?_", "", name).replace("_", " ")
+
+
+def _raised_messages():
+    """``{file: [(exception class, message)]}``: the messages the library's Python code raises
+    (f-string values as ``…``)."""
+    def text(node):
+        if _constant(node):
+            return _constant(node)
+        if isinstance(node, ast.JoinedStr):
+            return "".join(v.value if isinstance(v, ast.Constant) else "…" for v in node.values)
+        return None
+
+    found = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "recops_tf", "**", "*.py"), recursive=True)):
+        if os.sep + "testing" + os.sep in path:
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        found[path] = [(ast.unparse(node.exc.func).split(".")[-1], t)
+                       for node in ast.walk(tree)
+                       if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                       and node.exc.args for t in [text(node.exc.args[0])] if t]
+    return found
+
+
+def rule_sentence(rule, raised=None):
+    """A rule as a sentence: what is called, what it raises, the message and the case. A short
+    pattern (one or two words) is completed with the library's own message when exactly one
+    Python ``raise`` of an expected exception class in `raised` (``{file: [(class,
+    message)]}``, the stem's modules) matches it."""
+    message = _plain(rule.message)
+    if len(rule.message.split()) < 3:
+        matches = set()
+        for texts in (raised or {}).values():
+            for cls, text in texts:
+                try:
+                    if cls in rule.errors.split(" or ") and re.search(rule.message, text):
+                        matches.add(text)
+                except re.error:
+                    pass
+        if len(matches) == 1:
+            return (f"{rule.function} raises {rule.errors}: “{matches.pop()}” "
+                    f"({_case(rule.test)}).")
+        return (f"{rule.function} raises {rule.errors} naming “{message}” "
+                f"({_case(rule.test)}).")
+    return f"{rule.function} raises {rule.errors}: “{message}” ({_case(rule.test)})."
+
+
 def robustness_rules_text():
-    """Per stem, the validation rules its tests assert (the messages' regular expressions)."""
+    """Per stem, the validation rules its tests assert, as sentences."""
     out = []
-    sources = [(row.stem, os.path.join(ROOT, "tests", "ops", f"test_{row.stem}.py"))
-               for row in _ops_table.OPS]
+    raised = _raised_messages()
+
+    def modules(*names):  # the stem's Python modules and the shared ones
+        names += ("recops_tf/ops/_common.py",)
+        return {p: m for p, m in raised.items()
+                if any(os.path.relpath(p, ROOT).startswith(n) for n in names)}
+
+    sources = [(row.stem, os.path.join(ROOT, "tests", "ops", f"test_{row.stem}.py"),
+                row.public, modules(f"recops_tf/ops/{row.stem}.py")) for row in _ops_table.OPS]
     sources.append(("lccl (recops_tf.distributed)",
-                    os.path.join(ROOT, "tests", "distributed", "test_collectives.py")))
+                    os.path.join(ROOT, "tests", "distributed", "test_collectives.py"), (),
+                    modules("recops_tf/distributed/")))
     total = 0
-    for stem, path in sources:
+    for stem, path, public, stem_raised in sources:
         if not os.path.exists(path):
             continue
-        messages = _messages_of_test_file(path)
-        total += len(messages)
-        out += ["", f"### {stem} ({len(messages)} rules, `{os.path.relpath(path, ROOT)}`)", ""]
-        out += [f"- `{m}`" for m in messages]
-    return "\n".join([f"{total} validation rules, each asserted by a test (error type and "
-                      "message):"] + out) + "\n"
+        rules = rules_of_test_file(path, public)
+        total += len(rules)
+        out += ["", f"### {stem} ({len(rules)} rules, `{os.path.relpath(path, ROOT)}`)", ""]
+        out += [f"- {rule_sentence(rule, stem_raised)}" for rule in rules]
+    return "\n".join([f"{total} validation rules, each asserted by a test: the call, the error "
+                      "it raises, its message (or the words the test requires of it) and, in "
+                      "parentheses, the case (the test's name):"] + out) + "\n"
 
 
 def robustness_text():
@@ -161,15 +404,22 @@ def robustness_text():
     return head + RULES_START + "\n" + robustness_rules_text() + RULES_END + tail
 
 
+# Regen target -> the (path, generator) pairs it rewrites.
+TARGETS = {
+    "docs": ((DOCS_PATH, docs_text), (REFERENCE_PATH, reference_text)),
+    "golden": ((GOLDEN_PATH, golden_text),),
+    "api": ((API_PATH, api_text),),
+    "robustness": ((ROBUSTNESS_PATH, robustness_text),),
+}
+
+
 def write(which):
-    if which == "robustness":
-        text = robustness_text()
-        with open(ROBUSTNESS_PATH, "w") as f:
+    """Rewrites the files of regen target `which`; returns their paths."""
+    written = []
+    for path, generate in TARGETS[which]:
+        text = generate()  # before opening: robustness_text reads the file it rewrites
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
             f.write(text)
-        return ROBUSTNESS_PATH
-    path, text = {"docs": (DOCS_PATH, docs_text), "golden": (GOLDEN_PATH, golden_text),
-                  "api": (API_PATH, api_text)}[which]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text())
-    return path
+        written.append(path)
+    return written

@@ -102,3 +102,51 @@ def test_keras_file_round_trip_and_config(tmp_path):
     clone = DynamicEmbedding.from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
     assert clone.table.block_rows == 128 and clone.table.padding_key == -1
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])  # densifies / scatters the gradient
+def test_a_stock_keras_optimizer_is_refused_with_the_ones_to_use(optimizer):
+    keys, y = data(n=8)
+    model = model_with(DynamicEmbedding(2), optimizer=keras.optimizers.get(optimizer))
+    with pytest.raises((ValueError, TypeError),
+                       match="recops_tf.optimizers.LazyAdam or recops_tf"):
+        model.fit(keys, y, epochs=1, batch_size=8, verbose=0)
+
+
+def test_float_keys_are_refused_and_other_integer_dtypes_are_keys():
+    layer = DynamicEmbedding(3)
+    with pytest.raises(TypeError, match="keys must be integers, got float32"):
+        layer(tf.constant([1.0, 1.7]), training=True)
+    with pytest.raises(TypeError, match="keys must be integers, got float"):
+        layer(tf.ragged.constant([[1.0], [2.0]]), training=True)
+    wide = layer(tf.constant([3, 9], tf.int64), training=True).numpy()
+    np.testing.assert_array_equal(layer(tf.constant([3, 9], tf.int16)).numpy(), wide)
+    assert layer.table.size().numpy() == 2
+
+
+def test_no_xla_for_models_with_the_layer():
+    from keras.src.trainers.trainer import model_supports_jit  # what jit_compile="auto" asks
+
+    inputs = keras.Input((2,), dtype="int64")
+    layer = DynamicEmbedding(2)
+    model = keras.Model(inputs, keras.layers.Flatten()(layer(inputs)))
+    assert layer.supports_jit is False and not model_supports_jit(model)
+    assert model_supports_jit(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+    with pytest.warns(UserWarning, match="doesn't support `jit_compile=True`"):
+        model.compile(loss="mse", jit_compile=True)
+    assert model.jit_compile is False
+
+
+def test_count_params_is_rows_times_dim_and_grows():
+    inputs = keras.Input((3,), dtype="int64")
+    layer = DynamicEmbedding(4, padding_key=0)
+    model = keras.Model(inputs, layer(inputs))
+    assert layer.count_params() == 0
+    layer(tf.constant([[5, 6, 0]], tf.int64), training=True)
+    assert layer.count_params() == 2 * 4
+    layer(tf.constant(np.arange(1, 301).reshape(100, 3), tf.int64), training=True)
+    assert layer.count_params() == 300 * 4
+    lines = []
+    model.summary(print_fn=lines.append)
+    row = next(line for line in "\n".join(lines).splitlines() if "dynamic_embedding" in line)
+    assert "1,200" in row

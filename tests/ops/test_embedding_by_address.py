@@ -166,17 +166,65 @@ def test_update_in_a_function_runs_without_using_its_output():
     np.testing.assert_allclose(table.export()[1].numpy()[2], rows[2] + 1, rtol=1e-6)
 
 
-def test_lookup_gradient_is_indexed_slices_keyed_by_address():
+def _weighted_lookup_loss(table, addresses):
+    y = recops_tf.embedding_lookup_by_address(table, addresses)
+    return tf.reduce_sum(y * tf.constant([[1.0], [2.0], [3.0]]))
+
+
+@pytest.mark.parametrize("where", ["eager", "tape_in_function", "function_under_tape"])
+def test_lookup_gradient_is_indexed_slices_keyed_by_address_without_watch(where):
+    """The lookup is watched as a variable read is: no tape.watch, eagerly or traced."""
     table, _ = mirrored()
     a = table.lookup_addresses([1, 2, 1], training=False)
-    with tf.GradientTape() as tape:
-        tape.watch(table.resource_handle)
-        y = recops_tf.embedding_lookup_by_address(table, a)
-        loss = tf.reduce_sum(y * tf.constant([[1.0], [2.0], [3.0]]))
-    grad = tape.gradient(loss, table.resource_handle)
+
+    def gradient(a):
+        with tf.GradientTape() as tape:
+            loss = (tf.function(_weighted_lookup_loss) if where == "function_under_tape"
+                    else _weighted_lookup_loss)(table, a)
+        return tape.gradient(loss, table.resource_handle)
+
+    grad = tf.function(gradient)(a) if where == "tape_in_function" else gradient(a)
     assert isinstance(grad, tf.IndexedSlices)
     np.testing.assert_array_equal(grad.indices.numpy(), a.numpy())
     np.testing.assert_array_equal(grad.values.numpy()[:, 0], [1.0, 2.0, 3.0])
+
+
+def test_lookup_watching_follows_the_tape_and_the_table_is_not_a_source():
+    table, _ = mirrored()
+    a = table.lookup_addresses([1, 2, 1], training=False)
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        loss = _weighted_lookup_loss(table, a)
+    assert tape.gradient(loss, table.resource_handle) is None  # as for a variable
+    with tf.GradientTape(persistent=True) as tape:
+        loss = _weighted_lookup_loss(table, a)
+    watched = tape.watched_variables()  # usable as gradient sources, like variables
+    assert len(watched) == 1
+    np.testing.assert_array_equal(tape.gradient(loss, watched)[0].indices.numpy(), a.numpy())
+    with pytest.raises(TypeError, match=r"not a tensor: differentiate w\.r\.t\. "
+                                        r"table\.resource_handle"):
+        tape.gradient(loss, table)
+
+
+def test_densifying_a_table_gradient_names_the_optimizers():
+    rows = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([8, 16], tf.int64))
+    with pytest.raises(ValueError, match="recops_tf.optimizers.LazyAdam or recops_tf"):
+        tf.convert_to_tensor(rows)
+    with_shape = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([0, 0]), tf.constant([2, 3]))
+    np.testing.assert_array_equal(tf.convert_to_tensor(with_shape).numpy(),
+                                  [[2.0] * 3, [0.0] * 3])  # TensorFlow's own conversion
+
+
+def test_table_docstrings():
+    import doctest
+    import inspect
+
+    init_doc = inspect.getdoc(recops_tf.DynamicEmbeddingTable.__init__)
+    assert "padding_key:" in init_doc and "device" not in init_doc  # not TF's inherited one
+    finder, runner = doctest.DocTestFinder(recurse=False), doctest.DocTestRunner()
+    from recops_tf.ops import embedding_by_address as module
+    [test] = finder.find(recops_tf.DynamicEmbeddingTable, "DynamicEmbeddingTable",
+                         globs={**vars(module), "tf": tf})
+    assert test.examples and runner.run(test).failed == 0
 
 
 # --- embedding_lookup on variables ------------------------------------------------------------

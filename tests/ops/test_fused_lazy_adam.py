@@ -142,8 +142,6 @@ def test_validation(bad, message):
 def test_variable_validation():
     var, m, v = [tf.Variable(x) for x in variables()]
     g = np.ones((1, 5), np.float32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="must be float32"):
-        recops_tf.lazy_adam_update(tf.Variable(tf.zeros([12, 5], tf.float64)), m, v, g, [0], 0.1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="of var's shape"):
         recops_tf.lazy_adam_update(var, m, tf.Variable(tf.zeros([12, 4])), g, [0], 0.1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="are the same variable"):
@@ -158,3 +156,29 @@ def test_variable_validation():
         recops_tf.lazy_adam_update(table, m, v, g, a, 0.1)
     with pytest.raises(ValueError, match="indices only with a dense"):
         recops_tf.lazy_adam_update(var, m, v, tf.IndexedSlices(g, [0]), [0], 0.1)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("all_float64", "^lazy_adam_update: var must be float32, got float64$"),
+    ("m_float64", "^lazy_adam_update: m must be float32, got float64$"),
+    ("gradient_float64", "^lazy_adam_update: gradient must be float32, got float64$"),
+])
+def test_a_dtype_other_than_float32_is_named(case, message):
+    """A float64 var is blamed before its float64 gradient is converted."""
+    f64 = [tf.Variable(tf.zeros([12, 5], tf.float64)) for _ in range(3)]
+    var, m, v = [tf.Variable(x) for x in variables()]
+    g, g64 = np.ones((1, 5), np.float32), tf.ones([1, 5], tf.float64)
+    args = {"all_float64": (*f64, g64), "m_float64": (var, f64[1], v, g),
+            "gradient_float64": (var, m, v, g64)}[case]
+    with pytest.raises(TypeError, match=message):
+        recops_tf.lazy_adam_update(*args, [0], 0.1)
+
+
+def test_a_missing_gradient_says_why():
+    var, m, v = [tf.Variable(x) for x in variables()]
+    with pytest.raises(ValueError, match="^lazy_adam_update: gradient is None: the loss does "
+                                         "not depend on var$"):
+        recops_tf.lazy_adam_update(var, m, v, None, [0], 0.1)
+    table = recops_tf.DynamicEmbeddingTable(5, num_slots=2)
+    with pytest.raises(ValueError, match=r"gradient is None.*table\.resource_handle"):
+        recops_tf.lazy_adam_update(table, None, None, None, None, 0.1)

@@ -86,6 +86,6 @@ def test_validation(bad, message):
     args.update(bad)
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         recops_tf.sgd_update(tf.Variable(init()), **args)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="must be float32"):
+    with pytest.raises(TypeError, match="^sgd_update: var must be float32, got float64$"):
         recops_tf.sgd_update(tf.Variable(tf.zeros([10, 3], tf.float64)),
-                             np.ones((1, 3), np.float32), [0], 0.1)
+                             tf.ones((1, 3), tf.float64), [0], 0.1)

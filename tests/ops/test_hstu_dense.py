@@ -297,6 +297,49 @@ def test_error_wrong_rank():
         _call(q=tf.zeros([76, 32]))
 
 
+def test_error_ragged_q_without_heads_axis():
+    # issue 19 item 8: a ragged [B, (L), D] (heads axis forgotten) names the layout expected.
+    rq = tf.RaggedTensor.from_row_lengths(tf.ones([9, 16]), tf.constant([2, 3, 4], tf.int64))
+    with pytest.raises(ValueError, match=r"a ragged q must be \[B, \(L\), N, D\] .* got a "
+                       r"tf.RaggedTensor \[3, \(L\), 16\] \(ragged_rank 1\): add the heads axis"):
+        recops_tf.hstu_attention(rq, rq, rq, max_seq_len=8)
+
+
+def test_error_ragged_k_not_ragged():
+    rq = tf.RaggedTensor.from_row_lengths(tf.ones([4, 1, 2]), tf.constant([4], tf.int64))
+    with pytest.raises(TypeError, match=r"with a ragged q, k must be a tf.RaggedTensor too, got "
+                       r"a dense tensor \[4, 1, 2\]"):
+        recops_tf.hstu_attention(rq, rq.values, rq, max_seq_len=4)
+
+
+def test_error_integer_q():
+    # issue 19 item 9: one short message naming the argument, not the NodeDef.
+    with pytest.raises(TypeError, match="^hstu_attention: q must be float32, float16, bfloat16 "
+                       "or float64, got int32$"):
+        _call(q=tf.ones([76, 4, 8], tf.int32))
+
+
+def test_error_mixed_float_dtypes():
+    q, k, v, _, _ = make(tf.float64, lens_k=LENS_K)
+    with pytest.raises(TypeError, match="^hstu_attention: k is float32 but q is float64; they "
+                       "must have the same dtype$"):
+        _call(q, tf.cast(k, tf.float32), v)
+    with pytest.raises(TypeError, match="attn_bias is float32 but q is float64"):
+        _call(q, k, v, attn_bias=plane(tf.float32))
+
+
+@pytest.mark.parametrize("arg", ["max_seq_len", "max_seq_len_k"])
+def test_error_max_seq_len_not_positive(arg):
+    with pytest.raises(ValueError, match=f"^hstu_attention: {arg} must be a positive int, got 0$"):
+        _call(**{arg: 0})
+    q, k, v, oq, ok = make(tf.float32)
+    with pytest.raises(ValueError, match=f"^hstu_attention_paged: {arg} must be a positive int"):
+        recops_tf.hstu_attention_paged(
+            q, k, v, tf.zeros([1, 2, 4, 2, 8]), seq_offsets=oq, page_offsets=[0, 1, 2, 3, 4],
+            page_ids=[0, 0, 0, 0], last_page_len=[1, 1, 1, 1], num_target=[0, 0, 0, 0],
+            **{"max_seq_len": 72, "max_seq_len_k": 72, arg: 0})
+
+
 def test_error_bias_shape():
     with pytest.raises(tf.errors.InvalidArgumentError, match="attn_bias must have shape"):
         _call(attn_bias=tf.zeros([4, 1, MAX_Q, MAX_K]))

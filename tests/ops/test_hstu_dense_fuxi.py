@@ -204,6 +204,27 @@ def test_error_offsets():
         recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=60)
 
 
+def test_error_layouts_and_arguments():
+    q, k, v, ts, pos, off = make()
+    with pytest.raises(ValueError, match="^hstu_attention_fuxi: max_seq_len must be a positive "
+                       "int, got 0$"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=0)
+    with pytest.raises(TypeError, match="^hstu_attention_fuxi: q must be float32, float16, "
+                       "bfloat16 or float64, got int32$"):
+        recops_tf.hstu_attention_fuxi(tf.cast(q, tf.int32), k, v, seq_offsets=off,
+                                      max_seq_len=MAX)
+    with pytest.raises(TypeError, match="timestamp_bias is float64 but q is float32"):
+        recops_tf.hstu_attention_fuxi(q, k, v, seq_offsets=off, max_seq_len=MAX,
+                                      timestamp_bias=tf.cast(ts, tf.float64), position_bias=pos)
+    rq = tf.RaggedTensor.from_row_splits(tf.reshape(q, [q.shape[0], -1]), off)
+    with pytest.raises(ValueError, match=r"a ragged q must be \[B, \(L\), N, D\]"):
+        recops_tf.hstu_attention_fuxi(rq, rq, rq, max_seq_len=MAX)
+    with pytest.raises(ValueError, match=r"q must be jagged \[T, N, D\] \(with seq_offsets\), "
+                       r"got a dense tensor \[\d+, 16\] \(rank 2\)"):
+        recops_tf.hstu_attention_fuxi(rq.values, rq.values, rq.values, seq_offsets=off,
+                                      max_seq_len=MAX)
+
+
 def test_error_mask():
     q, k, v, ts, pos, off = make()
     with pytest.raises(ValueError, match="needs a mask"):

@@ -125,3 +125,88 @@ def test_stock_fused_op_runs_in_the_optimizer():
         lambda: opt_sgd.apply([tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1]))], [var]))
     assert "Recops>Sgd" in {op.type for op in sgd_step.get_concrete_function().graph
                             .get_operations()}
+
+
+def _table_and_twin(num_slots=2):
+    """A table with keys 0..5, and a twin with the same rows (the oracle's copy)."""
+    rows = np.random.default_rng(4).standard_normal((6, 3 * (1 + num_slots))).astype(np.float32)
+    tables = [recops_tf.DynamicEmbeddingTable(3, num_slots=num_slots) for _ in range(2)]
+    for t in tables:
+        t.assign(np.arange(6), rows)
+    return tables
+
+
+def _table_gradient(table, keys):
+    with tf.GradientTape() as tape:
+        y = recops_tf.embedding_lookup(table, keys, training=False)
+        loss = tf.reduce_sum(y * tf.range(1.0, 4.0))
+    return tape.gradient(loss, table.resource_handle), tape
+
+
+def test_lazy_adam_steps_a_raw_table_with_bias_correction():
+    table, twin = _table_and_twin()
+    opt = LazyAdam(0.0625, beta_1=0.8, beta_2=0.95, epsilon=1e-6)
+    for step, keys in enumerate([[1, 4, 1], [4, 2]]):
+        grad, _ = _table_gradient(table, keys)
+        opt.apply_gradients([(grad, table)])
+        t = step + 1
+        recops_tf.lazy_adam_update(twin, None, None, _table_gradient(twin, keys)[0], None,
+                                   0.0625 * np.sqrt(1 - 0.95 ** t) / (1 - 0.8 ** t),
+                                   beta1=0.8, beta2=0.95, epsilon=1e-6)
+    assert int(opt.iterations) == 2
+    assert_close(table.export()[1], twin.export()[1], tf.float32)  # lr_t rounds differently
+
+
+def test_sparse_sgd_steps_a_raw_table_given_as_the_tapes_watched_variable():
+    table, twin = _table_and_twin(num_slots=0)
+    grad, tape = _table_gradient(table, [0, 5, 0])
+    [watched] = tape.watched_variables()  # what the lookup recorded: stands for the table
+    SparseSGD(0.5, weight_decay=0.1).apply_gradients([(grad, watched)])
+    recops_tf.sgd_update(twin, _table_gradient(twin, [0, 5, 0])[0], None, 0.5, 0.1)
+    np.testing.assert_array_equal(table.export()[1].numpy(), twin.export()[1].numpy())
+
+
+def test_global_clipnorm_keeps_sparse_gradients_sparse():
+    """Keras' global-norm clipping would densify an IndexedSlices (and fail for a table's)."""
+    table, twin = _table_and_twin(num_slots=0)
+    grad, _ = _table_gradient(table, [2, 3])
+    norm = float(tf.norm(grad.values))
+    var = tf.Variable(tf.ones([4, 3]))
+    var_grad = tf.IndexedSlices(tf.fill([1, 3], 2.0), tf.constant([1]), tf.constant([4, 3]))
+    SparseSGD(1.0, global_clipnorm=1.0).apply_gradients([(grad, table), (var_grad, var)])
+    scale = 1.0 / np.hypot(norm, np.sqrt(12.0))
+    twin_grad = _table_gradient(twin, [2, 3])[0]
+    recops_tf.sgd_update(twin, twin_grad.values * scale, twin_grad.indices, 1.0)
+    np.testing.assert_allclose(table.export()[1].numpy(), twin.export()[1].numpy(), rtol=1e-6)
+    expected = np.ones((4, 3), np.float32)
+    expected[1] -= 2.0 * scale
+    np.testing.assert_allclose(var.numpy(), expected, rtol=1e-6)
+
+
+def test_lazy_adam_docstring_example_runs():
+    import doctest
+
+    from recops_tf.optimizers import lazy_adam
+
+    [test] = doctest.DocTestFinder(recurse=False).find(
+        LazyAdam, "LazyAdam", globs={**vars(lazy_adam), "recops_tf": recops_tf})
+    assert test.examples and doctest.DocTestRunner().run(test).failed == 0
+
+
+@pytest.mark.parametrize("optimizer", [lambda: LazyAdam(0.1), lambda: SparseSGD(0.1)],
+                         ids=["lazy_adam", "sparse_sgd"])
+def test_sparse_gradients_of_vectors_and_rank_3_tables(optimizer):
+    """tf.gather of a bias vector or of a [V, a, b] table gives IndexedSlices the row kernel
+    (float32 matrices) does not take: the stock-op step updates exactly the gathered rows."""
+    vector = tf.Variable(tf.zeros([6]))
+    cube = tf.Variable(tf.zeros([5, 2, 3]))
+    opt = optimizer()
+    with tf.GradientTape() as tape:
+        loss = (tf.reduce_sum(tf.gather(vector, [1, 4])) +
+                tf.reduce_sum(tf.gather(cube, [2])))
+    grads = tape.gradient(loss, [vector, cube])
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads)
+    opt.apply(grads, [vector, cube])
+    assert np.flatnonzero(vector.numpy()).tolist() == [1, 4]
+    moved = np.flatnonzero(np.abs(cube.numpy()).sum(axis=(1, 2)))
+    assert moved.tolist() == [2] and np.all(cube.numpy()[2] < 0)
