@@ -16,6 +16,7 @@ Sanitizer build: RECOPS_SANITIZE=address,undefined (any -fsanitize= list) compil
 -fsanitize=<list>, and keeps its objects apart (build/sanitize/<list>) so normal objects are
 never reused. Such a .so loads only with the sanitizer runtimes preloaded: see tools/sanitize.sh.
 """
+import ast
 import concurrent.futures
 import glob
 import json
@@ -44,6 +45,60 @@ def _sources():
 
 def _headers():
     return sorted(glob.glob("op_defs/*.h")) + sorted(glob.glob("kernels/**/*.h", recursive=True))
+
+
+def _code_size(path, seen=None):
+    """Bytes of a source and of the project headers it includes (each once): how a unit's
+    compile time is guessed, to start the longest first (the per-ISA work items of
+    hstu_dense are small files that include a large header)."""
+    seen = set() if seen is None else seen
+    if path in seen or not os.path.exists(os.path.join(ROOT, path)):
+        return 0
+    seen.add(path)
+    with open(os.path.join(ROOT, path)) as f:
+        text = f.read()
+    return len(text) + sum(_code_size(h, seen) for h in
+                           re.findall(r'^#include "((?:kernels|op_defs)/[^"]+)"', text, re.M))
+
+
+def _shared_copts():
+    """RECOPS_COPTS of build_flags.bzl: the compiler flags both builds use (one list)."""
+    with open(os.path.join(ROOT, "build_flags.bzl")) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and getattr(node.targets[0], "id", None) == "RECOPS_COPTS"):
+            return list(ast.literal_eval(node.value))
+    raise SystemExit("build_flags.bzl: no RECOPS_COPTS list")
+
+
+# Build-time measures of setup.py's build (Bazel compiles every file as its own unit and
+# parses the headers in each; the code is the same). Parsing TensorFlow's framework headers is
+# most of the time of a small unit: ~10 s for op.h + shape_inference.h and ~15 s for
+# op_kernel.h, per unit, on the 2-core build machine.
+# - op_defs/*.cc (op registrations and shape functions: little code, all parsing) compile as
+#   one unit that includes them in order (REGISTER_OP names its registrars by __COUNTER__;
+#   helpers are in anonymous namespaces with distinct names), instead of 18.
+# - The kernels' TensorFlow headers are precompiled once (a .gch) and force-included
+#   (-include) first in the units that include one of them themselves. They are those units'
+#   own includes (or what those include), so a unit sees the same declarations either way;
+#   the Bazel build, which has neither measure, checks that each file includes what it uses.
+PCH_GROUPS = {
+    "kernels": ("tensorflow/core/framework/op_kernel.h",
+                "tensorflow/core/framework/tensor.h",
+                "absl/strings/str_cat.h"),
+}
+
+
+def _pch_group(src):
+    """The PCH group of a source: the first group one of whose TensorFlow headers it includes
+    itself."""
+    with open(os.path.join(ROOT, src)) as f:
+        text = f.read()
+    for name, headers in PCH_GROUPS.items():
+        if any(f'#include "{h}"' in text for h in headers if h.startswith("tensorflow/")):
+            return name
+    return None
 
 
 _TF_CODE = ("import json, tensorflow as tf; print(json.dumps([tf.__version__, "
@@ -90,15 +145,8 @@ class TFBuildExt(build_ext):
             else:
                 compile_flags.append(flag)
         self._tf_version = tf_version
-        # -Wno-psabi: GCC notes that 64-byte vector values change the ABI; in the kernels they
-        # only pass between always_inline functions.
-        self._compile_flags = compile_flags + [
-            "-O3", "-g0", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-psabi",
-            "-fvisibility-inlines-hidden", f"-I{ROOT}",
-            # No kernel reads errno: sqrt and friends may vectorise (the fused LazyAdam step
-            # is 2-3x faster for it).
-            "-fno-math-errno",
-        ]
+        # The flags shared with Bazel's BUILD (build_flags.bzl), then what Bazel adds itself.
+        self._compile_flags = compile_flags + _shared_copts() + ["-fPIC", f"-I{ROOT}"]
         self._link_flags = list(tf_link_flags)
         if SANITIZE:
             # Debuggable, instrumented code: frame pointers and -g for readable stack traces,
@@ -137,37 +185,73 @@ class TFBuildExt(build_ext):
         fresh_flags = os.path.exists(stamp_path) and open(stamp_path).read() == stamp
         newest_header = max([os.path.getmtime(h) for h in _headers()] + [0])
 
+        sources = list(ext.sources)
+        members = {src: [src] for src in sources}  # the files a unit compiles
+        op_defs = [src for src in sources if src.startswith("op_defs/")]
+        if op_defs:
+            unity = os.path.join(build_temp, "op_defs_all.cc")
+            text = "".join(f'#include "{src}"\n' for src in op_defs)
+            if not os.path.exists(unity) or open(unity).read() != text:
+                with open(unity, "w") as f:
+                    f.write(text)
+            sources = [unity] + [src for src in sources if src not in op_defs]
+            members[unity] = op_defs
+        groups = {src: _pch_group(src) for src in sources}
+        pch_stamp = json.dumps([self._tf_version, self._compile_flags])
+
+        def compile_pch(name):
+            # build_temp/pch/<group>.h and its .gch beside it (where -include looks first).
+            header = os.path.join(os.path.abspath(build_temp), "pch", name + ".h")
+            gch, pch_stamp_path = header + ".gch", header + ".stamp"
+            if (os.path.exists(gch) and os.path.exists(pch_stamp_path)
+                    and open(pch_stamp_path).read() == pch_stamp):
+                return header
+            os.makedirs(os.path.dirname(header), exist_ok=True)
+            with open(header, "w") as f:
+                f.write("".join(f'#include "{h}"\n' for h in PCH_GROUPS[name]))
+            self.spawn(self.compiler.compiler_so + self._compile_flags + [
+                "-x", "c++-header", header, "-o", gch])
+            with open(pch_stamp_path, "w") as f:
+                f.write(pch_stamp)
+            return header
+
         def fresh(src):
             obj = self.compiler.object_filenames([src], output_dir=build_temp)[0]
-            return (fresh_flags and os.path.exists(obj) and
-                    os.path.getmtime(obj) > max(os.path.getmtime(src), newest_header))
+            newest = max([os.path.getmtime(m) for m in members[src]] + [newest_header])
+            return fresh_flags and os.path.exists(obj) and os.path.getmtime(obj) > newest
 
-        # The largest translation units take minutes (kernels/hstu_dense_kernels.cc 9.5 of
-        # the 20 a one-job compile took here): they start first, so that the other jobs
-        # compile everything else meanwhile. The link keeps the sources' order.
-        sources = sorted(ext.sources, key=os.path.getsize, reverse=True)
-        stale = [src for src in sources if not fresh(src)]
+        # The largest translation units start first, so that the other job compiles everything
+        # else meanwhile. The link keeps the sources' order.
+        order = sorted(sources, key=lambda src: sum(map(_code_size, members[src])),
+                       reverse=True)
+        stale = [src for src in order if not fresh(src)]
         start, done, lock = time.monotonic(), [0], threading.Lock()
         if stale:
             self._progress(f"compiling {len(stale)} of {len(sources)} translation units, "
-                           f"{jobs} at a time (a clean build is about 20 CPU-minutes)")
+                           f"{jobs} at a time (a clean build is about 7 CPU-minutes)")
 
         def compile_one(src):
             obj = self.compiler.object_filenames([src], output_dir=build_temp)[0]
             if src not in stale:
                 return obj
             began = time.monotonic()
+            pch = []
+            if groups[src] is not None:
+                pch = ["-Winvalid-pch", "-include", pch_headers[groups[src]]]
             obj = self.compiler.compile([src], output_dir=build_temp,
-                                        extra_postargs=self._compile_flags)[0]
+                                        extra_postargs=self._compile_flags + pch)[0]
             with lock:
                 done[0] += 1
-                self._progress(f"[{done[0]}/{len(stale)}] {src} {time.monotonic() - began:.0f} s "
+                name = "op_defs/*.cc" if src not in ext.sources else src
+                self._progress(f"[{done[0]}/{len(stale)}] {name} {time.monotonic() - began:.0f} s "
                                f"({time.monotonic() - start:.0f} s so far)")
             return obj
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            compiled = dict(zip(sources, pool.map(compile_one, sources)))
-        objects = [compiled[src] for src in ext.sources]
+            needed = sorted({groups[src] for src in stale if groups[src] is not None})
+            pch_headers = dict(zip(needed, pool.map(compile_pch, needed)))
+            compiled = dict(zip(order, pool.map(compile_one, order)))
+        objects = [compiled[src] for src in sources]
         with open(stamp_path, "w") as f:
             f.write(stamp)
         self.compiler.link_shared_object(objects, out_path, extra_postargs=self._link_flags)
@@ -197,7 +281,7 @@ class TFBuildExt(build_ext):
 
 if __name__ == "__main__":  # setuptools' build backend runs this file as __main__ too
     setup(
-        ext_modules=[Extension(LIB_NAME, sources=_sources(), depends=_headers(),
+        ext_modules=[Extension(LIB_NAME, sources=_sources(), depends=_headers() + ["build_flags.bzl"],
                                language="c++")],
         cmdclass={"build_ext": TFBuildExt},
     )

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/copy.h"
+#include "kernels/common/dtypes.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
 #include "kernels/concat_jagged_tensor.h"
@@ -142,10 +143,7 @@ class ConcatJaggedTensorGradOp : public OpKernel {
                               .Device(tensorflow::DEVICE_CPU)                                 \
                               .TypeConstraint<T>("T"),                                        \
                           ConcatJaggedTensorGradOp);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 REGISTER(int32_t)
 REGISTER(int64_t)
 #undef REGISTER

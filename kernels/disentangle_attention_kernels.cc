@@ -392,10 +392,7 @@ class DisentangleAttentionGradOp : public DisentangleBase {
                               .Device(tensorflow::DEVICE_CPU)                          \
                               .TypeConstraint<T>("T"),                                 \
                           DisentangleAttentionGradOp<T>);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 
 }  // namespace

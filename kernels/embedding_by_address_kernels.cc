@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/copy.h"
-#include "kernels/common/dynamic_table.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/sparse_update.h"
+#include "kernels/embedding_by_address.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_handle.h"
 #include "tensorflow/core/framework/tensor.h"

@@ -1,10 +1,7 @@
 // Kernels of stem fused_lazy_adam: LazyAdam on resource variables and by address.
 #include <cmath>
-#include <cstring>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/dynamic_table.h"
 #include "kernels/common/microkernels.h"
 #include "kernels/common/sparse_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -15,7 +12,6 @@ namespace recops {
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
 
 namespace {
 
@@ -39,9 +35,12 @@ RECOPS_MULTIVERSION void AdamRow(const float* __restrict g, int64_t dim, AdamPar
   }
 }
 
-class AdamOpBase : public OpKernel {
+// LazyAdam on resource variables var, m, v (kByAddress false) or on a table's rows with m
+// and v in its slots 0 and 1 (kByAddress true): the rows come from SparseStepRows.
+template <bool kByAddress>
+class LazyAdamOp : public OpKernel {
  public:
-  explicit AdamOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit LazyAdamOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &params_.beta1));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &params_.beta2));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &params_.epsilon));
@@ -56,92 +55,34 @@ class AdamOpBase : public OpKernel {
                     absl::StrCat("epsilon must be positive and finite, got ", params_.epsilon)));
   }
 
- protected:
-  // Applies the step to the distinct rows; row_ptr(r) is the [var | m | v] pointers of row r.
-  template <typename RowPointers>
-  void Apply(OpKernelContext* ctx, float lr, const Tensor& gradient,
-             const int64_t* rows, const RowPointers& row_ptr) {
+  // Applies the step to the distinct rows (their gradients summed).
+  void Compute(OpKernelContext* ctx) override {
+    static const char* const kNames[] = {"var", "m", "v"};
+    const SparseStepRows step(ctx, kByAddress, 3, kNames, "LazyAdam");
+    OP_REQUIRES_OK(ctx, step.status());
     AdamParams p = params_;
-    p.lr = lr;
-    const int64_t dim = gradient.dim_size(1);
-    const float* g = gradient.flat<float>().data();
+    p.lr = step.lr();
+    const int64_t dim = step.dim();
     const int64_t bytes = dim * static_cast<int64_t>(sizeof(float));
     ForEachDistinctRowSum(
-        ctx, rows, gradient.dim_size(0), g, dim, 24 * dim,
+        ctx, step.rows(), step.num_updates(), step.gradient(), dim, 24 * dim,
         [&](int64_t row, const float* sum, int64_t) {
-          float *var, *m, *v;
-          row_ptr(row, &var, &m, &v);
-          AdamRow(sum, dim, p, var, m, v);
+          AdamRow(sum, dim, p, step.Row(row, 0), step.Row(row, 1), step.Row(row, 2));
         },
         [&](int64_t row) {
-          float *var, *m, *v;
-          row_ptr(row, &var, &m, &v);
-          PrefetchBytes(var, bytes, true);
-          PrefetchBytes(m, bytes, true);
-          PrefetchBytes(v, bytes, true);
+          for (int s = 0; s < 3; ++s) PrefetchBytes(step.Row(row, s), bytes, true);
         });
   }
 
+ private:
   AdamParams params_;
-};
-
-class LazyAdamOp : public AdamOpBase {
- public:
-  using AdamOpBase::AdamOpBase;
-
-  void Compute(OpKernelContext* ctx) override {
-    static const char* const kNames[] = {"var", "m", "v"};
-    LockedVariables vars(ctx, 3, kNames);
-    OP_REQUIRES_OK(ctx, vars.status());
-    const int64_t num_rows = vars.tensor(0).dim_size(0), dim = vars.tensor(0).dim_size(1);
-    const Tensor& gradient = ctx->input(4);
-    float lr;
-    OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(3), gradient, dim, &lr));
-    std::vector<int64_t> storage;
-    const int64_t* rows;
-    OP_REQUIRES_OK(ctx, ReadRowIndices(ctx->input(5), gradient.dim_size(0), num_rows, &storage,
-                                       &rows));
-    float *var = vars.data(0), *m = vars.data(1), *v = vars.data(2);
-    Apply(ctx, lr, gradient, rows, [&](int64_t r, float** pv, float** pm, float** pvv) {
-      *pv = var + r * dim;
-      *pm = m + r * dim;
-      *pvv = v + r * dim;
-    });
-  }
-};
-
-class LazyAdamByAddressOp : public AdamOpBase {
- public:
-  using AdamOpBase::AdamOpBase;
-
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<DynamicTable> table;
-    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
-    OP_REQUIRES(ctx, table->config().num_slots >= 2,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "LazyAdam keeps m and v in the table's slots: the table needs num_slots "
-                    ">= 2, it has ",
-                    table->config().num_slots)));
-    const int64_t dim = table->dim();
-    const Tensor& gradient = ctx->input(2);
-    const Tensor& address = ctx->input(3);
-    float lr;
-    OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(1), gradient, dim, &lr));
-    absl::MutexLock lock(table->mu());
-    std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, DecodeStepAddresses(ctx, *table, address, gradient, &rows));
-    Apply(ctx, lr, gradient, rows.data(), [&](int64_t r, float** pv, float** pm, float** pvv) {
-      *pv = table->Row(r);
-      *pm = *pv + dim;
-      *pvv = *pv + 2 * dim;
-    });
-  }
 };
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("Recops>LazyAdam").Device(tensorflow::DEVICE_CPU), LazyAdamOp);
+REGISTER_KERNEL_BUILDER(Name("Recops>LazyAdam").Device(tensorflow::DEVICE_CPU),
+                        LazyAdamOp<false>);
 REGISTER_KERNEL_BUILDER(Name("Recops>LazyAdamByAddress").Device(tensorflow::DEVICE_CPU),
-                        LazyAdamByAddressOp);
+                        LazyAdamOp<true>);
 
 }  // namespace recops

@@ -1,9 +1,7 @@
 // Kernels of stem fused_sgd: sparse SGD with weight decay on resource variables and by address.
 #include <cmath>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/dynamic_table.h"
 #include "kernels/common/microkernels.h"
 #include "kernels/common/sparse_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -14,7 +12,6 @@ namespace recops {
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
 
 namespace {
 
@@ -29,80 +26,44 @@ RECOPS_MULTIVERSION void SgdRow(const float* __restrict g, int64_t dim, float lr
   }
 }
 
-class SgdOpBase : public OpKernel {
+// Sparse SGD on a resource variable (kByAddress false) or on a table's rows (kByAddress
+// true): the rows come from SparseStepRows.
+template <bool kByAddress>
+class SgdOp : public OpKernel {
  public:
-  explicit SgdOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit SgdOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("weight_decay", &weight_decay_));
     OP_REQUIRES(ctx, std::isfinite(weight_decay_) && weight_decay_ >= 0,
                 absl::InvalidArgumentError(absl::StrCat(
                     "weight_decay must be >= 0 and finite, got ", weight_decay_)));
   }
 
- protected:
   // var[r] -= lr * (sum of the occurrences' gradients + count * weight_decay * var_old[r]):
   // every occurrence applies its own step from the value before the batch, as the seed does.
-  template <typename RowPointer>
-  void Apply(OpKernelContext* ctx, float lr, const Tensor& gradient,
-             const int64_t* rows, const RowPointer& row_ptr) {
-    const int64_t dim = gradient.dim_size(1);
-    const float* g = gradient.flat<float>().data();
-    const float wd = weight_decay_;
+  void Compute(OpKernelContext* ctx) override {
+    static const char* const kNames[] = {"var"};
+    const SparseStepRows step(ctx, kByAddress, 1, kNames, "Sgd");
+    OP_REQUIRES_OK(ctx, step.status());
+    const int64_t dim = step.dim();
+    const float lr = step.lr(), wd = weight_decay_;
     ForEachDistinctRowSum(
-        ctx, rows, gradient.dim_size(0), g, dim, 8 * dim,
+        ctx, step.rows(), step.num_updates(), step.gradient(), dim, 8 * dim,
         [&](int64_t row, const float* sum, int64_t count) {
-          SgdRow(sum, dim, lr, static_cast<float>(count) * wd, row_ptr(row));
+          SgdRow(sum, dim, lr, static_cast<float>(count) * wd, step.Row(row, 0));
         },
         [&](int64_t row) {
-          PrefetchBytes(row_ptr(row), dim * static_cast<int64_t>(sizeof(float)), true);
+          PrefetchBytes(step.Row(row, 0), dim * static_cast<int64_t>(sizeof(float)), true);
         });
   }
 
+ private:
   float weight_decay_;
-};
-
-class SgdOp : public SgdOpBase {
- public:
-  using SgdOpBase::SgdOpBase;
-
-  void Compute(OpKernelContext* ctx) override {
-    static const char* const kNames[] = {"var"};
-    LockedVariables vars(ctx, 1, kNames);
-    OP_REQUIRES_OK(ctx, vars.status());
-    const int64_t num_rows = vars.tensor(0).dim_size(0), dim = vars.tensor(0).dim_size(1);
-    const Tensor& gradient = ctx->input(2);
-    float lr;
-    OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(1), gradient, dim, &lr));
-    std::vector<int64_t> storage;
-    const int64_t* rows;
-    OP_REQUIRES_OK(ctx, ReadRowIndices(ctx->input(3), gradient.dim_size(0), num_rows, &storage,
-                                       &rows));
-    float* var = vars.data(0);
-    Apply(ctx, lr, gradient, rows, [&](int64_t r) { return var + r * dim; });
-  }
-};
-
-class SgdByAddressOp : public SgdOpBase {
- public:
-  using SgdOpBase::SgdOpBase;
-
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<DynamicTable> table;
-    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
-    const Tensor& gradient = ctx->input(2);
-    const Tensor& address = ctx->input(3);
-    float lr;
-    OP_REQUIRES_OK(ctx, CheckStepInputs(ctx->input(1), gradient, table->dim(), &lr));
-    absl::MutexLock lock(table->mu());
-    std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, DecodeStepAddresses(ctx, *table, address, gradient, &rows));
-    Apply(ctx, lr, gradient, rows.data(), [&](int64_t r) { return table->Row(r); });
-  }
 };
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("Recops>Sgd").Device(tensorflow::DEVICE_CPU), SgdOp);
+REGISTER_KERNEL_BUILDER(Name("Recops>Sgd").Device(tensorflow::DEVICE_CPU), SgdOp<false>);
 REGISTER_KERNEL_BUILDER(Name("Recops>SgdByAddress").Device(tensorflow::DEVICE_CPU),
-                        SgdByAddressOp);
+                        SgdOp<true>);
 
 }  // namespace recops

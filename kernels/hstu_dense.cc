@@ -1,4 +1,8 @@
+// Non-template code of stem hstu_dense: work lists, the baseline x86-64 work items and the
+// run-time choice of the work items' instruction set.
 #include "kernels/hstu_dense.h"
+
+#include "kernels/common/dispatch.h"
 
 namespace recops {
 
@@ -66,5 +70,29 @@ std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p) {
                    [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });
   return items;
 }
+
+// The work items for baseline x86-64 (and any other CPU); AVX2 and AVX-512 in
+// kernels/hstu_dense_avx2.cc and kernels/hstu_dense_avx512.cc.
+RECOPS_HSTU_ENTRIES(Isa::kBase, )
+
+template <typename T>
+const HstuEntries<T>& HstuBestEntries() {
+  static const HstuEntries<T> entries = [] {
+    switch (BestIsa()) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+      case Isa::kAvx512:
+        return HstuEntriesFor<T, Isa::kAvx512>();
+      case Isa::kAvx2:
+        return HstuEntriesFor<T, Isa::kAvx2>();
+#endif
+      default:
+        return HstuEntriesFor<T, Isa::kBase>();
+    }
+  }();
+  return entries;
+}
+#define INSTANTIATE(T) template const HstuEntries<T>& HstuBestEntries<T>();
+RECOPS_CALL_FLOAT_TYPES(INSTANTIATE)
+#undef INSTANTIATE
 
 }  // namespace recops

@@ -445,11 +445,14 @@ RECOPS_INLINE void TileTimesT(const Acc* a, int64_t mq, int64_t dim, const Acc* 
 // computed per block of R rows up to each block's bound (w.partial; about half the work of a
 // causal diagonal tile); values past a block's bound are then stale and must not be read.
 // Not with a bias (its gradient is the whole dS row).
+// This is the body; the items call TileScores (below), compiled once per dtype and instruction
+// set.
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void TileScores(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
-                              int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
-                              int64_t nk, const Acc* q, const Acc* kt, const Acc* dout,
-                              const Acc* vt, HstuWorkspace<Acc>& w) {
+RECOPS_INLINE void TileScoresBody(const HstuProblem& p, const HstuTensors<T>& t,
+                                  const HstuSeq& s, int64_t b, int64_t h, int64_t i0,
+                                  int64_t mq, int64_t j0, int64_t nk, const Acc* q,
+                                  const Acc* kt, const Acc* dout, const Acc* vt,
+                                  HstuWorkspace<Acc>& w) {
   constexpr int R = kGemmRows<I>;
   w.partial = !p.has_bias && !HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
   for (int64_t r = 0; r < mq && w.partial; r += R) {
@@ -462,6 +465,39 @@ RECOPS_INLINE void TileScores(const HstuProblem& p, const HstuTensors<T>& t, con
   if (dout != nullptr) TileTimesT<Acc, I>(dout, mq, p.dim_v, vt, w.dp, bound);
   ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, dout != nullptr ? w.dp : nullptr,
                        w);
+}
+
+// TileScoresBody compiled once per (T, I), with the work items in kernels/hstu_dense_<isa>.cc
+// (RECOPS_HSTU_ENTRIES): four items score tiles, and an inlined copy in each was most of their
+// compile time. One call per tile costs nothing next to the tile's work.
+template <typename T, Isa I>
+void HstuTileScores(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s, int64_t b,
+                    int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
+                    const AccumT<T>* q, const AccumT<T>* kt, const AccumT<T>* dout,
+                    const AccumT<T>* vt, HstuWorkspace<AccumT<T>>& w);
+#define RECOPS_HSTU_TILE_SCORES_SIGNATURE_(T, I)                                             \
+  void HstuTileScores<T, I>(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s, \
+                            int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,        \
+                            int64_t nk, const AccumT<T>* q, const AccumT<T>* kt,             \
+                            const AccumT<T>* dout, const AccumT<T>* vt,                      \
+                            HstuWorkspace<AccumT<T>>& w)
+#define RECOPS_HSTU_DECLARE_TILE_SCORES_(T, I) \
+  template <>                                \
+  RECOPS_HSTU_TILE_SCORES_SIGNATURE_(T, I);
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_TILE_SCORES_, Isa::kBase)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_TILE_SCORES_, Isa::kAvx2)
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_TILE_SCORES_, Isa::kAvx512)
+#endif
+#undef RECOPS_HSTU_DECLARE_TILE_SCORES_
+
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void TileScores(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                              int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
+                              int64_t nk, const Acc* q, const Acc* kt, const Acc* dout,
+                              const Acc* vt, HstuWorkspace<Acc>& w) {
+  static_assert(std::is_same_v<Acc, AccumT<T>>, "the items accumulate in AccumT<T>");
+  HstuTileScores<T, I>(p, t, s, b, h, i0, mq, j0, nk, q, kt, dout, vt, w);
 }
 
 // C (+)= the scored tile's rows (w.s or w.dp, mq x nk) times B (nk rows, ld ldb): P·V or
@@ -869,6 +905,62 @@ RECOPS_INLINE void HstuBackwardSeqItem(const HstuProblem& p, const HstuTensors<T
   const int64_t first = item.h < 0 ? 0 : item.h, last = item.h < 0 ? p.heads_k : item.h + 1;
   for (int64_t kv = first; kv < last; ++kv) HstuBackwardSeqHead<T, Acc, I>(p, t, item.b, kv);
 }
+
+// The work items of one dtype, compiled for one instruction set: called many times per op
+// through these pointers (entry points rather than RECOPS_WITH_ISA).
+template <typename T>
+struct HstuEntries {
+  using Fn = void (*)(const HstuProblem&, const HstuTensors<T>&, const HstuItem&);
+  Fn forward, backward_kv, backward_q, backward_seq;
+};
+
+// The work items for instruction set I, compiled once each in its own translation unit,
+// kernels/hstu_dense_<isa>.cc (AVX-512, AVX2 + FMA, baseline x86-64), for the float dtypes
+// (T = float, Eigen::half, Eigen::bfloat16, double).
+template <typename T, Isa I>
+HstuEntries<T> HstuEntriesFor();
+#define RECOPS_HSTU_DECLARE_ENTRIES_FOR(T, I) \
+  template <>                                 \
+  HstuEntries<T> HstuEntriesFor<T, I>();
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_ENTRIES_FOR, Isa::kBase)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_ENTRIES_FOR, Isa::kAvx2)
+RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_ENTRIES_FOR, Isa::kAvx512)
+#endif
+#undef RECOPS_HSTU_DECLARE_ENTRIES_FOR
+
+// The work items for the best instruction set of this CPU (BestIsa), picked once
+// (kernels/hstu_dense.cc).
+template <typename T>
+const HstuEntries<T>& HstuBestEntries();
+
+// Defines HstuEntriesFor<T, I>() for the float dtypes with the work items compiled under the
+// target attribute ATTR (I's instruction set): the body of kernels/hstu_dense_<isa>.cc.
+#define RECOPS_HSTU_ENTRY(NAME, ITEM, I, ATTR)                                              \
+  template <typename T>                                                                     \
+  ATTR void NAME(const HstuProblem& p, const HstuTensors<T>& t, const HstuItem& i) {        \
+    ITEM<T, AccumT<T>, I>(p, t, i);                                                          \
+  }
+#define RECOPS_HSTU_ENTRIES_FOR(T, I)                                                       \
+  template <>                                                                               \
+  HstuEntries<T> HstuEntriesFor<T, I>() {                                                   \
+    return {HstuForwardEntry<T>, HstuBackwardKvEntry<T>, HstuBackwardQEntry<T>,             \
+            HstuBackwardSeqEntry<T>};                                                       \
+  }
+#define RECOPS_HSTU_DEFINE_TILE_SCORES_(T, I, ATTR)                                          \
+  template <>                                                                               \
+  ATTR __attribute__((noinline)) RECOPS_HSTU_TILE_SCORES_SIGNATURE_(T, I) {                 \
+    TileScoresBody<T, AccumT<T>, I>(p, t, s, b, h, i0, mq, j0, nk, q, kt, dout, vt, w);      \
+  }
+#define RECOPS_HSTU_ENTRIES(I, ATTR)                                                        \
+  RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DEFINE_TILE_SCORES_, I, ATTR)                    \
+  namespace {                                                                               \
+  RECOPS_HSTU_ENTRY(HstuForwardEntry, HstuForwardItem, I, ATTR)                             \
+  RECOPS_HSTU_ENTRY(HstuBackwardKvEntry, HstuBackwardKvItem, I, ATTR)                       \
+  RECOPS_HSTU_ENTRY(HstuBackwardQEntry, HstuBackwardQItem, I, ATTR)                         \
+  RECOPS_HSTU_ENTRY(HstuBackwardSeqEntry, HstuBackwardSeqItem, I, ATTR)                     \
+  }                                                                                         \
+  RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_ENTRIES_FOR, I)
 
 }  // namespace recops
 

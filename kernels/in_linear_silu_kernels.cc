@@ -213,10 +213,7 @@ class InLinearSiluBackwardOp : public OpKernel {
                               .Device(tensorflow::DEVICE_CPU)                                 \
                               .TypeConstraint<T>("T"),                                        \
                           InLinearSiluBackwardOp<T>);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 
 }  // namespace

@@ -24,16 +24,7 @@ class LnMulBase : public OpKernel {
 
  protected:
   absl::Status Prepare(OpKernelContext* ctx, int first, NormMulArgs<T>* a) const {
-    const Tensor& x = ctx->input(first);
-    TF_RETURN_IF_ERROR(CheckNormMulInputs(x, ctx->input(first + 1), ctx->input(first + 2),
-                                          ctx->input(first + 3), "gamma", "beta", &a->rows,
-                                          &a->cols));
-    a->epsilon = static_cast<AccumT<T>>(epsilon_);
-    a->x = x.flat<T>().data();
-    a->u = ctx->input(first + 1).flat<T>().data();
-    a->gamma = ctx->input(first + 2).flat<T>().data();
-    a->beta = ctx->input(first + 3).flat<T>().data();
-    return absl::OkStatus();
+    return ReadNormMulArgs(ctx, first, "gamma", "beta", epsilon_, a);
   }
 
   float epsilon_ = 1e-5f;
@@ -84,10 +75,7 @@ class LnMulGradOp : public LnMulBase<T> {
   REGISTER_KERNEL_BUILDER(                                                              \
       Name("Recops>LnMulGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
       LnMulGradOp<T>);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 
 }  // namespace

@@ -36,20 +36,12 @@ class NormMulDropoutBase : public OpKernel {
  protected:
   absl::Status Prepare(OpKernelContext* ctx, int first, int seed_input, NormMulArgs<T>* a,
                        std::vector<int64_t>* seed) const {
-    const Tensor& x = ctx->input(first);
-    TF_RETURN_IF_ERROR(CheckNormMulInputs(x, ctx->input(first + 1), ctx->input(first + 2),
-                                          ctx->input(first + 3), "weight", "bias", &a->rows,
-                                          &a->cols));
+    TF_RETURN_IF_ERROR(ReadNormMulArgs(ctx, first, "weight", "bias", epsilon_, a));
     TF_RETURN_IF_ERROR(ReadInt64Vector(ctx->input(seed_input), "seed", seed));
     if (seed->size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "seed must have shape [2] (seed, step), got ", seed->size(), " values"));
     }
-    a->epsilon = static_cast<AccumT<T>>(epsilon_);
-    a->x = x.flat<T>().data();
-    a->u = ctx->input(first + 1).flat<T>().data();
-    a->gamma = ctx->input(first + 2).flat<T>().data();
-    a->beta = ctx->input(first + 3).flat<T>().data();
     return absl::OkStatus();
   }
 
@@ -125,10 +117,7 @@ class NormMultiplyDropoutBackwardOp : public NormMulDropoutBase<T> {
                               .TypeConstraint<T>("T")                                  \
                               .TypeConstraint<AccumT<T>>("Tstat"),                     \
                           NormMultiplyDropoutBackwardOp<T>);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 
 }  // namespace

@@ -269,10 +269,7 @@ class RelativeAttnBiasPosOp : public OpKernel {
   REGISTER_T(T)              \
   REGISTER_T_IDX(T, int32_t) \
   REGISTER_T_IDX(T, int64_t)
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 #undef REGISTER_T_IDX
 #undef REGISTER_T

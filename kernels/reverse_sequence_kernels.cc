@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/copy.h"
+#include "kernels/common/dtypes.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -59,10 +60,7 @@ class ReverseSequenceOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(                                                                 \
       Name("Recops>ReverseSequence").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       ReverseSequenceOp);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 REGISTER(int64_t)
 #undef REGISTER
 

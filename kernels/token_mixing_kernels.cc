@@ -209,10 +209,7 @@ class TokenMixingGradOp : public TokenMixingBase<T> {
   REGISTER_KERNEL_BUILDER(                                                                 \
       Name("Recops>TokenMixingGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       TokenMixingGradOp<T>);
-REGISTER(float)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(double)
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 
 }  // namespace

@@ -152,8 +152,13 @@ inline __attribute__((always_inline)) Eigen::half FromAcc<Eigen::half, float>(fl
 
 }  // namespace recops
 
-// Registration helper: the float dtypes every arithmetic kernel supports.
-#define RECOPS_CALL_FLOAT_TYPES(m) \
-  m(Eigen::half) m(Eigen::bfloat16) m(float) m(double)
+// Registration helpers: the float dtypes every arithmetic kernel supports, the one list.
+// RECOPS_CALL_FLOAT_TYPES(m) is m(T) for each; RECOPS_CALL_FLOAT_TYPES_WITH(m, args...)
+// m(T, args...).
+#define RECOPS_CALL_FLOAT_TYPES_WITH(m, ...)                                  \
+  m(Eigen::half, __VA_ARGS__) m(Eigen::bfloat16, __VA_ARGS__) m(float, __VA_ARGS__) \
+      m(double, __VA_ARGS__)
+#define RECOPS_CALL_FLOAT_TYPES(m) RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_APPLY_TO_TYPE_, m)
+#define RECOPS_APPLY_TO_TYPE_(T, m) m(T)
 
 #endif  // RECOPS_KERNELS_COMMON_DTYPES_H_

@@ -136,9 +136,10 @@ RECOPS_INLINE void GemmVecColumn(int64_t M, int64_t k0, int64_t kc, const Acc* a
 // GEMM's time). M that is not a multiple of R falls to slower paths: pad instead. Every
 // element of C is the same sum in the same order (k ascending) on every path and at every
 // vector width.
-template <typename Acc, Isa I, bool kOverwrite = false, bool kTransA = false>
-RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
-                           const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
+// This is the body; kernels call GemmAcc (below), its one compiled copy per variant.
+template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
+RECOPS_INLINE void GemmAccBody(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
+                               const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
   constexpr int R = kGemmRows<I>;
   const auto A = [&](int64_t i, int64_t k) -> Acc {
     return kTransA ? a[k * lda + i] : a[i * lda + k];
@@ -198,6 +199,30 @@ RECOPS_INLINE void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_
     }
   }
 }
+
+// GemmAccBody compiled once per variant (Acc float / double, instruction set I, kOverwrite,
+// kTransA) in kernels/common/gemm.cc, each under I's target attribute: the kernels call these
+// 24 copies instead of inlining their own at every call site (which made the GEMM most of the
+// library's compile time). A call costs nothing next to a tile GEMM's work.
+template <typename Acc, Isa I, bool kOverwrite = false, bool kTransA = false>
+void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda, const Acc* B,
+             int64_t ldb, Acc* C, int64_t ldc);
+
+// m(Acc, I, kOverwrite, kTransA) for every variant of instruction set I.
+#define RECOPS_GEMM_VARIANTS(m, I)                                                    \
+  m(float, I, false, false) m(float, I, false, true) m(float, I, true, false)         \
+  m(float, I, true, true) m(double, I, false, false) m(double, I, false, true)        \
+  m(double, I, true, false) m(double, I, true, true)
+#define RECOPS_GEMM_DECLARE_(Acc, I, OVERWRITE, TRANS_A)                                     \
+  template <>                                                                               \
+  void GemmAcc<Acc, I, OVERWRITE, TRANS_A>(int64_t, int64_t, int64_t, const Acc*, int64_t, \
+                                           const Acc*, int64_t, Acc*, int64_t);
+RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kBase)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kAvx2)
+RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kAvx512)
+#endif
+#undef RECOPS_GEMM_DECLARE_
 
 // dst [cols, rows] = srcᵀ for a row-major src [rows, cols], converted to Acc, in 16 x 16 tiles
 // (the strided side then stays within a few cache lines per tile; transposing straight

@@ -47,4 +47,8 @@ absl::Status ReadEpsilon(tensorflow::OpKernelConstruction* ctx, float* epsilon_o
   return absl::OkStatus();
 }
 
+#define RECOPS_NORM_MUL_INSTANTIATE_(T) RECOPS_NORM_MUL_TEMPLATES(, T)
+RECOPS_CALL_FLOAT_TYPES(RECOPS_NORM_MUL_INSTANTIATE_)
+#undef RECOPS_NORM_MUL_INSTANTIATE_
+
 }  // namespace recops

@@ -15,11 +15,8 @@
 #include "kernels/common/dtypes.h"
 #include "kernels/common/layer_norm.h"
 #include "kernels/common/parallel.h"
-
-namespace tensorflow {
-class OpKernelConstruction;
-class Tensor;
-}  // namespace tensorflow
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
 
 namespace recops {
 
@@ -49,6 +46,27 @@ struct NormMulArgs {
   const Acc* mean_in = nullptr;
   const Acc* var_in = nullptr;
 };
+
+// The one Prepare of ln_mul and norm_multiply_dropout: validates inputs first..first+3 (x, u,
+// and the affine pair, named gamma_name / beta_name in errors) and points *a at them, with
+// the kernel's epsilon attribute.
+template <typename T>
+absl::Status ReadNormMulArgs(tensorflow::OpKernelContext* ctx, int first,
+                             const char* gamma_name, const char* beta_name, float epsilon,
+                             NormMulArgs<T>* a) {
+  const tensorflow::Tensor& x = ctx->input(first);
+  const tensorflow::Tensor& u = ctx->input(first + 1);
+  const tensorflow::Tensor& gamma = ctx->input(first + 2);
+  const tensorflow::Tensor& beta = ctx->input(first + 3);
+  TF_RETURN_IF_ERROR(
+      CheckNormMulInputs(x, u, gamma, beta, gamma_name, beta_name, &a->rows, &a->cols));
+  a->epsilon = static_cast<AccumT<T>>(epsilon);
+  a->x = x.flat<T>().data();
+  a->u = u.flat<T>().data();
+  a->gamma = gamma.flat<T>().data();
+  a->beta = beta.flat<T>().data();
+  return absl::OkStatus();
+}
 
 // gamma and beta as Acc vectors (read by every row).
 template <typename T>
@@ -228,6 +246,17 @@ void NormMulBackward(tensorflow::OpKernelContext* ctx, const NormMulArgs<T>& a, 
   partials.Reduce(0, dgamma);
   partials.Reduce(1, dbeta);
 }
+
+// NormMulForward / NormMulBackward are instantiated once, for the float dtypes, in
+// kernels/common/norm_mul.cc (each is three instruction sets' worth of row code).
+#define RECOPS_NORM_MUL_TEMPLATES(PREFIX, T)                                                 \
+  PREFIX template void NormMulForward<T>(tensorflow::OpKernelContext*, const NormMulArgs<T>&, \
+                                         T*);                                                \
+  PREFIX template void NormMulBackward<T>(tensorflow::OpKernelContext*,                      \
+                                          const NormMulArgs<T>&, const T*, T*, T*, T*, T*);
+#define RECOPS_NORM_MUL_EXTERN_(T) RECOPS_NORM_MUL_TEMPLATES(extern, T)
+RECOPS_CALL_FLOAT_TYPES(RECOPS_NORM_MUL_EXTERN_)
+#undef RECOPS_NORM_MUL_EXTERN_
 
 }  // namespace recops
 

@@ -225,6 +225,12 @@ void ForEachDistinctRowSum(
   });
 }
 
+namespace {
+
+// Checks `indices` (int32 or int64, shape [N] or [N, 1]): entries >= num_rows are an
+// InvalidArgument naming the first one. *rows points at the indices themselves (int64) or at
+// their int64 copy in `storage` (int32); negative entries stay as they are (the ForEach helpers
+// above skip them).
 absl::Status ReadRowIndices(const Tensor& indices, int64_t n, int64_t num_rows,
                             std::vector<int64_t>* storage, const int64_t** rows) {
   const bool column = indices.dims() == 2 && indices.dim_size(1) == 1;
@@ -253,6 +259,7 @@ absl::Status ReadRowIndices(const Tensor& indices, int64_t n, int64_t num_rows,
   return absl::OkStatus();
 }
 
+// Checks the scalar float32 learning rate and the [N, dim] float32 gradient of an optimizer op.
 absl::Status CheckStepInputs(const Tensor& lr, const Tensor& gradient, int64_t dim,
                              float* lr_value) {
   if (lr.dims() != 0) {
@@ -271,6 +278,8 @@ absl::Status CheckStepInputs(const Tensor& lr, const Tensor& gradient, int64_t d
   return absl::OkStatus();
 }
 
+// The rows of an optimizer step's [N] int64 addresses into `table` (one per gradient row),
+// checked and decoded (-1 for address 0). Caller holds table.mu().
 absl::Status DecodeStepAddresses(OpKernelContext* ctx, const DynamicTable& table,
                                  const Tensor& address, const Tensor& gradient,
                                  std::vector<int64_t>* rows) {
@@ -282,6 +291,8 @@ absl::Status DecodeStepAddresses(OpKernelContext* ctx, const DynamicTable& table
   return table.DecodeAddresses(ctx, address.flat<int64_t>().data(), address.dim_size(0),
                                "address", rows);
 }
+
+}  // namespace
 
 LockedVariables::LockedVariables(OpKernelContext* ctx, int count, const char* const* names)
     : vars_(count) {
@@ -345,5 +356,55 @@ LockedVariables::~LockedVariables() {
 float* LockedVariables::data(int i) { return vars_[i]->tensor()->flat<float>().data(); }
 
 const Tensor& LockedVariables::tensor(int i) { return *vars_[i]->tensor(); }
+
+SparseStepRows::SparseStepRows(OpKernelContext* ctx, bool by_address, int num_state,
+                               const char* const* names, const char* optimizer) {
+  status_ = by_address ? ByAddress(ctx, num_state, names, optimizer)
+                       : ByVariable(ctx, num_state, names);
+}
+
+SparseStepRows::~SparseStepRows() {
+  if (table_locked_) table_->mu().Unlock();
+}
+
+absl::Status SparseStepRows::ByVariable(OpKernelContext* ctx, int num_state,
+                                        const char* const* names) {
+  vars_.emplace(ctx, num_state, names);
+  TF_RETURN_IF_ERROR(vars_->status());
+  const int64_t num_rows = vars_->tensor(0).dim_size(0);
+  dim_ = vars_->tensor(0).dim_size(1);
+  const Tensor& gradient = ctx->input(num_state + 1);
+  TF_RETURN_IF_ERROR(CheckStepInputs(ctx->input(num_state), gradient, dim_, &lr_));
+  num_updates_ = gradient.dim_size(0);
+  gradient_ = gradient.flat<float>().data();
+  TF_RETURN_IF_ERROR(ReadRowIndices(ctx->input(num_state + 2), num_updates_, num_rows,
+                                    &storage_, &rows_));
+  for (int s = 0; s < num_state; ++s) base_.push_back(vars_->data(s));
+  return absl::OkStatus();
+}
+
+absl::Status SparseStepRows::ByAddress(OpKernelContext* ctx, int num_state,
+                                       const char* const* names, const char* optimizer) {
+  TF_RETURN_IF_ERROR(LookupTable(ctx, 0, &table_));
+  if (table_->config().num_slots < num_state - 1) {
+    std::string slots;
+    for (int s = 1; s < num_state; ++s) {
+      absl::StrAppend(&slots, s == 1 ? "" : " and ", names[s]);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        optimizer, " keeps ", slots, " in the table's slots: the table needs num_slots >= ",
+        num_state - 1, ", it has ", table_->config().num_slots));
+  }
+  dim_ = table_->dim();
+  const Tensor& gradient = ctx->input(2);
+  TF_RETURN_IF_ERROR(CheckStepInputs(ctx->input(1), gradient, dim_, &lr_));
+  num_updates_ = gradient.dim_size(0);
+  gradient_ = gradient.flat<float>().data();
+  table_->mu().Lock();
+  table_locked_ = true;
+  TF_RETURN_IF_ERROR(DecodeStepAddresses(ctx, *table_, ctx->input(3), gradient, &storage_));
+  rows_ = storage_.data();
+  return absl::OkStatus();
+}
 
 }  // namespace recops

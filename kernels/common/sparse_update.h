@@ -5,10 +5,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kernels/common/dynamic_table.h"
+#include "kernels/embedding_by_address.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/platform/refcount.h"
 
@@ -54,23 +55,6 @@ inline void PrefetchBytes(const void* p, int64_t bytes, bool write) {
   }
 }
 
-// Checks `indices` (int32 or int64, shape [N] or [N, 1]): entries >= num_rows are an
-// InvalidArgument naming the first one. *rows points at the indices themselves (int64) or at
-// their int64 copy in `storage` (int32); negative entries stay as they are (the ForEach helpers
-// above skip them).
-absl::Status ReadRowIndices(const tensorflow::Tensor& indices, int64_t n, int64_t num_rows,
-                            std::vector<int64_t>* storage, const int64_t** rows);
-
-// Checks the scalar float32 learning rate and the [N, dim] float32 gradient of an optimizer op.
-absl::Status CheckStepInputs(const tensorflow::Tensor& lr, const tensorflow::Tensor& gradient,
-                             int64_t dim, float* lr_value);
-
-// The rows of an optimizer step's [N] int64 addresses into `table` (one per gradient row),
-// checked and decoded (-1 for address 0). Caller holds table.mu().
-absl::Status DecodeStepAddresses(tensorflow::OpKernelContext* ctx, const DynamicTable& table,
-                                 const tensorflow::Tensor& address,
-                                 const tensorflow::Tensor& gradient, std::vector<int64_t>* rows);
-
 // The float32 resource variables of an optimizer op (inputs 0..count-1), locked exclusively
 // (in address order, so ops locking the same variables cannot deadlock) for the lifetime of
 // this object, each checked initialised, float32 and of the first one's shape, and each made
@@ -88,6 +72,56 @@ class LockedVariables {
   std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> vars_;
   std::vector<tensorflow::Var*> order_;
   absl::Status status_;
+};
+
+// The one row resolver of the sparse optimizer ops, by variable and by address: reads and
+// checks the step's inputs and says where each updated row's state lives. Both forms take
+// [state] lr gradient rows:
+//  - by variable: inputs 0..num_state-1 are float32 resource variables of one [rows, dim]
+//    shape (the variable, then its slots, named `names`), then lr, gradient [N, dim] and
+//    indices [N] or [N, 1] (int32 or int64; negative entries are skipped);
+//  - by address: input 0 is a DynamicEmbeddingTable whose rows hold the variable and its
+//    num_state - 1 slots side by side, then lr, gradient [N, dim] and address [N] (int64;
+//    address 0 is skipped).
+// The variables, or the table, stay locked exclusively for the lifetime of this object.
+class SparseStepRows {
+ public:
+  // `optimizer` names the op in errors ("LazyAdam keeps m and v in the table's slots ...").
+  SparseStepRows(tensorflow::OpKernelContext* ctx, bool by_address, int num_state,
+                 const char* const* names, const char* optimizer);
+  ~SparseStepRows();
+  SparseStepRows(const SparseStepRows&) = delete;
+  SparseStepRows& operator=(const SparseStepRows&) = delete;
+
+  const absl::Status& status() const { return status_; }
+  float lr() const { return lr_; }
+  int64_t dim() const { return dim_; }
+  // The gradient's rows (N) and values ([N, dim] row-major).
+  int64_t num_updates() const { return num_updates_; }
+  const float* gradient() const { return gradient_; }
+  // The row of each gradient row (negative: skipped).
+  const int64_t* rows() const { return rows_; }
+  // State `s` of row `r` (0: the variable, 1...: its slots), dim floats.
+  float* Row(int64_t r, int s) const {
+    return table_ ? table_->Row(r) + s * dim_ : base_[s] + r * dim_;
+  }
+
+ private:
+  absl::Status ByVariable(tensorflow::OpKernelContext* ctx, int num_state,
+                          const char* const* names);
+  absl::Status ByAddress(tensorflow::OpKernelContext* ctx, int num_state,
+                         const char* const* names, const char* optimizer);
+
+  absl::Status status_;
+  float lr_ = 0.0f;
+  int64_t dim_ = 0, num_updates_ = 0;
+  const float* gradient_ = nullptr;
+  const int64_t* rows_ = nullptr;
+  std::vector<int64_t> storage_;  // int64 copy of int32 indices, or the decoded addresses
+  std::optional<LockedVariables> vars_;  // by variable
+  std::vector<float*> base_;           // their data (by variable)
+  tensorflow::core::RefCountPtr<DynamicTable> table_;  // by address
+  bool table_locked_ = false;
 };
 
 }  // namespace recops

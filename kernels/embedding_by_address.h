@@ -1,4 +1,5 @@
-// The growing embedding table behind stems embedding_by_address, fused_lazy_adam and fused_sgd.
+// Stem embedding_by_address: the growing embedding table behind its ops and the by-address
+// steps of fused_lazy_adam and fused_sgd.
 //
 // A DynamicTable maps int64 keys to float32 rows of `width = dim * (1 + num_slots)` columns
 // ([embedding | slot 0 | slot 1 ...], the Rec SDK's "extended" row). Rows live in blocks of
@@ -10,8 +11,8 @@
 // restore), bits 0..39 the row's byte offset in the table's address space, (row + 1) * row
 // bytes. Every address a kernel receives is decoded and checked (tag, alignment, row < size)
 // before any memory is touched; 0 is the invalid address (zeros on lookup, skipped on update).
-#ifndef RECOPS_KERNELS_COMMON_DYNAMIC_TABLE_H_
-#define RECOPS_KERNELS_COMMON_DYNAMIC_TABLE_H_
+#ifndef RECOPS_KERNELS_EMBEDDING_BY_ADDRESS_H_
+#define RECOPS_KERNELS_EMBEDDING_BY_ADDRESS_H_
 
 #include <cstdint>
 #include <memory>
@@ -153,4 +154,4 @@ absl::Status LookupTable(tensorflow::OpKernelContext* ctx, int input,
 
 }  // namespace recops
 
-#endif  // RECOPS_KERNELS_COMMON_DYNAMIC_TABLE_H_
+#endif  // RECOPS_KERNELS_EMBEDDING_BY_ADDRESS_H_

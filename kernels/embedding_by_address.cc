@@ -1,4 +1,4 @@
-#include "kernels/common/dynamic_table.h"
+#include "kernels/embedding_by_address.h"
 
 #include <algorithm>
 #include <atomic>
