@@ -33,7 +33,10 @@ class JaggedConcatLayout {
     int64_t lo = 0, hi = num_samples;
     while (lo < hi) {
       const int64_t mid = (lo + hi) / 2;
-      if (off_a_[mid + 1] + off_b_[mid + 1] <= r0) lo = mid + 1; else hi = mid;
+      if (off_a_[mid + 1] + off_b_[mid + 1] <= r0)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     for (int64_t b = lo; b < num_samples; ++b) {
       int64_t out = off_a_[b] + off_b_[b];

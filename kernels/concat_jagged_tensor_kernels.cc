@@ -34,19 +34,18 @@ absl::Status CheckSameRowShape(const Tensor& a, absl::string_view a_name, const 
   ra.RemoveDim(0);
   rb.RemoveDim(0);
   if (ra != rb) {
-    return absl::InvalidArgumentError(absl::StrCat(a_name, " and ", b_name,
-                                                   " must have the same row shape, got ",
-                                                   a.shape().DebugString(), " and ",
-                                                   b.shape().DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(a_name, " and ", b_name, " must have the same row shape, got ",
+                     a.shape().DebugString(), " and ", b.shape().DebugString()));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckSameLength(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   if (a.size() != b.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "offsets_a and offsets_b must have the same length (num_samples + 1), got ", a.size(),
-        " and ", b.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("offsets_a and offsets_b must have the same length (num_samples + 1), got ",
+                     a.size(), " and ", b.size()));
   }
   return absl::OkStatus();
 }
@@ -93,8 +92,8 @@ class ConcatJaggedTensorOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
     const JaggedConcatLayout layout(off_a, off_b, prefix_);
     CopyPieces(ctx, layout, RowBytes(a), const_cast<char*>(out->tensor_data().data()),
-               const_cast<char*>(a.tensor_data().data()),
-               const_cast<char*>(b.tensor_data().data()), /*to_concat=*/true);
+               const_cast<char*>(a.tensor_data().data()), const_cast<char*>(b.tensor_data().data()),
+               /*to_concat=*/true);
   }
 
  private:
@@ -135,14 +134,13 @@ class ConcatJaggedTensorGradOp : public OpKernel {
   int64_t prefix_;
 };
 
-#define REGISTER(T)                                                                           \
-  REGISTER_KERNEL_BUILDER(                                                                    \
-      Name("Recops>ConcatJaggedTensor").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-      ConcatJaggedTensorOp);                                                                  \
-  REGISTER_KERNEL_BUILDER(Name("Recops>ConcatJaggedTensorGrad")                               \
-                              .Device(tensorflow::DEVICE_CPU)                                 \
-                              .TypeConstraint<T>("T"),                                        \
-                          ConcatJaggedTensorGradOp);
+#define REGISTER(T)                                                                                \
+  REGISTER_KERNEL_BUILDER(                                                                         \
+      Name("Recops>ConcatJaggedTensor").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),     \
+      ConcatJaggedTensorOp);                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                         \
+      Name("Recops>ConcatJaggedTensorGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      ConcatJaggedTensorGradOp);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
 REGISTER(int32_t)
 REGISTER(int64_t)

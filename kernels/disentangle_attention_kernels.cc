@@ -189,17 +189,17 @@ class DisentangleBase : public OpKernel {
     const TensorShape pos({2 * p->s, p->heads, p->d});
     for (int i = 3; i < 5; ++i) {
       if (ctx->input(first + i).shape() != pos) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            i == 3 ? "pos_key" : "pos_query", " must have shape ", pos.DebugString(),
-            " [2s, n, d], got ", ctx->input(first + i).shape().DebugString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(i == 3 ? "pos_key" : "pos_query", " must have shape ", pos.DebugString(),
+                         " [2s, n, d], got ", ctx->input(first + i).shape().DebugString()));
       }
     }
     const Tensor& rel = ctx->input(first + 5);
     if (rel.NumElements() != p->s * p->s || rel.dims() < 2 ||
         rel.dim_size(rel.dims() - 1) != p->s || rel.dim_size(rel.dims() - 2) != p->s) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "relative_pos must be [s, s], [1, s, s] or [1, 1, s, s] with s = ", p->s, ", got ",
-          rel.shape().DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("relative_pos must be [s, s], [1, s, s] or [1, 1, s, s] with s = ", p->s,
+                       ", got ", rel.shape().DebugString()));
     }
     p->idx.resize(p->s * p->s);
     const int64_t* r = rel.flat<int64_t>().data();
@@ -215,9 +215,9 @@ class DisentangleBase : public OpKernel {
                       (mask.shape() == TensorShape({p->batch, 1, p->s, p->s}) ||
                        mask.shape() == TensorShape({p->batch, p->s, p->s}));
       if (!ok) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "attn_mask must be [b, 1, s, s] or [b, s, s] (", p->batch, ", ", p->s,
-            "), got ", mask.shape().DebugString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("attn_mask must be [b, 1, s, s] or [b, s, s] (", p->batch, ", ", p->s,
+                         "), got ", mask.shape().DebugString()));
       }
     }
     return absl::OkStatus();
@@ -277,8 +277,9 @@ class DisentangleAttentionGradOp : public DisentangleBase {
     OP_REQUIRES_OK(ctx, Prepare(ctx, 3, &p));
     const int64_t s = p.s, d = p.d, items = p.batch * p.heads;
     const TensorShape plane({p.batch, p.heads, s, s});
-    OP_REQUIRES(ctx, ctx->input(0).shape() == ctx->input(3).shape() &&
-                         ctx->input(1).shape() == plane && ctx->input(2).shape() == plane,
+    OP_REQUIRES(ctx,
+                ctx->input(0).shape() == ctx->input(3).shape() && ctx->input(1).shape() == plane &&
+                    ctx->input(2).shape() == plane,
                 absl::InvalidArgumentError(absl::StrCat(
                     "upstream gradients must be shaped like the outputs: ",
                     ctx->input(3).shape().DebugString(), " and ", plane.DebugString())));
@@ -383,14 +384,13 @@ class DisentangleAttentionGradOp : public DisentangleBase {
   }
 };
 
-#define REGISTER(T)                                                                    \
-  REGISTER_KERNEL_BUILDER(Name("Recops>DisentangleAttention")                          \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T"),                                 \
-                          DisentangleAttentionOp<T>);                                  \
-  REGISTER_KERNEL_BUILDER(Name("Recops>DisentangleAttentionGrad")                      \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T"),                                 \
+#define REGISTER(T)                                                                              \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("Recops>DisentangleAttention").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      DisentangleAttentionOp<T>);                                                                \
+  REGISTER_KERNEL_BUILDER(Name("Recops>DisentangleAttentionGrad")                                \
+                              .Device(tensorflow::DEVICE_CPU)                                    \
+                              .TypeConstraint<T>("T"),                                           \
                           DisentangleAttentionGradOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER

@@ -69,8 +69,8 @@ absl::Status RowInitializer::Parse(const std::string& name, float a, float b, in
     }
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "initializer must be zeros, constant, uniform, normal or truncated_normal, got '",
-        name, "'"));
+        "initializer must be zeros, constant, uniform, normal or truncated_normal, got '", name,
+        "'"));
   }
   return absl::OkStatus();
 }
@@ -167,9 +167,8 @@ int64_t DynamicTable::NewTag() {
 
 std::string DynamicTable::DebugString() const {
   absl::ReaderMutexLock lock(mu_);
-  return absl::StrCat("DynamicEmbeddingTable(dim=", config_.dim,
-                      ", num_slots=", config_.num_slots, ", size=", size(),
-                      ", capacity=", capacity(), ")");
+  return absl::StrCat("DynamicEmbeddingTable(dim=", config_.dim, ", num_slots=", config_.num_slots,
+                      ", size=", size(), ", capacity=", capacity(), ")");
 }
 
 int64_t DynamicTable::MemoryUsed() const {
@@ -180,9 +179,9 @@ int64_t DynamicTable::MemoryUsed() const {
 absl::Status DynamicTable::AppendRow(int64_t key, int64_t* row) {
   const int64_t r = size();
   if (r >= max_rows_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the embedding table is full: ", r, " rows of ", width_,
-        " floats is the most one table can address"));
+    return absl::ResourceExhaustedError(absl::StrCat("the embedding table is full: ", r,
+                                                     " rows of ", width_,
+                                                     " floats is the most one table can address"));
   }
   if (r == capacity()) {
     const size_t floats = static_cast<size_t>(config_.block_rows * width_);
@@ -254,8 +253,8 @@ absl::Status DynamicTable::LookupAddresses(tensorflow::OpKernelContext* ctx, con
 }
 
 absl::Status DynamicTable::DecodeAddresses(tensorflow::OpKernelContext* ctx,
-                                           const int64_t* addresses, int64_t n,
-                                           const char* what, std::vector<int64_t>* rows) const {
+                                           const int64_t* addresses, int64_t n, const char* what,
+                                           std::vector<int64_t>* rows) const {
   rows->resize(n);
   int64_t* out = rows->data();
   const int64_t rows_now = size();
@@ -271,8 +270,8 @@ absl::Status DynamicTable::DecodeAddresses(tensorflow::OpKernelContext* ctx,
       uint64_t q = static_cast<uint64_t>((static_cast<Wide>(offset) * reciprocal) >> 64);
       q -= q * rb > offset;
       const int64_t row = static_cast<int64_t>(q) - 1;
-      const bool ok = a > 0 && (a >> kOffsetBits) == tag_ && q * rb == offset && row >= 0 &&
-                      row < rows_now;
+      const bool ok =
+          a > 0 && (a >> kOffsetBits) == tag_ && q * rb == offset && row >= 0 && row < rows_now;
       out[i] = a == 0 ? -1 : row;
       if (!ok && a != 0) {
         int64_t seen = first_bad.load(std::memory_order_relaxed);
@@ -290,13 +289,14 @@ absl::Status DynamicTable::DecodeAddresses(tensorflow::OpKernelContext* ctx,
   if (a < 0) {
     why = "addresses are never negative";
   } else if ((a >> kOffsetBits) != tag_) {
-    why = "it was not made by this table (another table's address, one from before the table "
-          "was restored, or a forged value)";
+    why =
+        "it was not made by this table (another table's address, one from before the table "
+        "was restored, or a forged value)";
   } else if (offset % row_bytes_ != 0) {
     why = absl::StrCat("it is not aligned to a row (rows are ", row_bytes_, " bytes)");
   } else {
-    why = absl::StrCat("it names row ", offset / row_bytes_ - 1, " but the table has ",
-                       rows_now, " rows");
+    why = absl::StrCat("it names row ", offset / row_bytes_ - 1, " but the table has ", rows_now,
+                       " rows");
   }
   return absl::InvalidArgumentError(
       absl::StrCat(what, "[", i, "] = ", a, " is not a valid address: ", why));
@@ -336,8 +336,8 @@ absl::Status LookupTable(tensorflow::OpKernelContext* ctx, int input,
   const absl::Status s =
       tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), table);
   if (s.ok()) return s;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "table must be the handle of a DynamicEmbeddingTable: ", s.message()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("table must be the handle of a DynamicEmbeddingTable: ", s.message()));
 }
 
 }  // namespace recops

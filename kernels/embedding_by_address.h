@@ -96,8 +96,8 @@ class DynamicTable : public tensorflow::ResourceBase {
   // Addresses of keys[0, n): the padding key -> 0; a known key -> its row; an unknown key ->
   // a new row when `training` (initialised, slots zero; the same new key seen by several
   // threads or several times gets one row), else 0. Locks internally.
-  absl::Status LookupAddresses(tensorflow::OpKernelContext* ctx, const int64_t* keys,
-                               int64_t n, bool training, int64_t* addresses);
+  absl::Status LookupAddresses(tensorflow::OpKernelContext* ctx, const int64_t* keys, int64_t n,
+                               bool training, int64_t* addresses);
 
   // Decodes every address of [0, n) into a row (-1 for address 0). InvalidArgument names
   // `what`, the first bad position and why (negative, another table's or a stale tag,
@@ -110,12 +110,8 @@ class DynamicTable : public tensorflow::ResourceBase {
     return blocks_[row / config_.block_rows].get() + (row % config_.block_rows) * width_;
   }
   int64_t size() const { return static_cast<int64_t>(row_keys_.size()); }  // caller holds mu()
-  int64_t capacity() const {
-    return static_cast<int64_t>(blocks_.size()) * config_.block_rows;
-  }
-  int64_t Address(int64_t row) const {
-    return (tag_ << kOffsetBits) | ((row + 1) * row_bytes_);
-  }
+  int64_t capacity() const { return static_cast<int64_t>(blocks_.size()) * config_.block_rows; }
+  int64_t Address(int64_t row) const { return (tag_ << kOffsetBits) | ((row + 1) * row_bytes_); }
   // Key of each row, in row order. Caller holds mu().
   const std::vector<int64_t>& row_keys() const { return row_keys_; }
 

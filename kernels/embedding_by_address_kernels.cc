@@ -44,23 +44,22 @@ class DynamicEmbeddingTableOp : public OpKernel {
     // Rows of at most 2^28 floats (1 GiB), blocks of at most 16 GiB; checked by division so
     // that no product of user values can overflow.
     constexpr int64_t kMaxWidth = int64_t{1} << 28;
-    OP_REQUIRES(ctx, config_.num_slots < kMaxWidth &&
-                         config_.dim <= kMaxWidth / (1 + config_.num_slots),
+    OP_REQUIRES(ctx,
+                config_.num_slots < kMaxWidth && config_.dim <= kMaxWidth / (1 + config_.num_slots),
                 absl::InvalidArgumentError(absl::StrCat(
-                    "rows of dim * (1 + num_slots) = ", config_.dim, " * (1 + ",
-                    config_.num_slots, ") floats are too wide (at most ", kMaxWidth, ")")));
+                    "rows of dim * (1 + num_slots) = ", config_.dim, " * (1 + ", config_.num_slots,
+                    ") floats are too wide (at most ", kMaxWidth, ")")));
     const int64_t row_bytes = config_.dim * (1 + config_.num_slots) * 4;
     OP_REQUIRES(ctx, config_.block_rows <= (int64_t{1} << 34) / row_bytes,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "block_rows = ", config_.block_rows, " makes blocks over 16 GiB")));
+                absl::InvalidArgumentError(absl::StrCat("block_rows = ", config_.block_rows,
+                                                        " makes blocks over 16 GiB")));
   }
 
   void Compute(OpKernelContext* ctx) override {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<tensorflow::ResourceHandle>()() =
-        tensorflow::ResourceHandle::MakeRefCountingHandle(new DynamicTable(config_),
-                                                          ctx->device()->name());
+    out->scalar<tensorflow::ResourceHandle>()() = tensorflow::ResourceHandle::MakeRefCountingHandle(
+        new DynamicTable(config_), ctx->device()->name());
   }
 
  private:
@@ -77,13 +76,13 @@ class LookupAddressesOp : public OpKernel {
     const Tensor& keys = ctx->input(1);
     const Tensor& training = ctx->input(2);
     OP_REQUIRES(ctx, training.dims() == 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "training must be a scalar, got shape ", training.shape().DebugString())));
+                absl::InvalidArgumentError(absl::StrCat("training must be a scalar, got shape ",
+                                                        training.shape().DebugString())));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &out));
-    OP_REQUIRES_OK(ctx, table->LookupAddresses(ctx, keys.flat<int64_t>().data(),
-                                               keys.NumElements(), training.scalar<bool>()(),
-                                               out->flat<int64_t>().data()));
+    OP_REQUIRES_OK(ctx,
+                   table->LookupAddresses(ctx, keys.flat<int64_t>().data(), keys.NumElements(),
+                                          training.scalar<bool>()(), out->flat<int64_t>().data()));
   }
 };
 
@@ -135,13 +134,13 @@ class TableImportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
     const Tensor& keys = ctx->input(1);
     const Tensor& rows = ctx->input(2);
-    OP_REQUIRES(ctx, keys.dims() == 1 && rows.dims() == 2 &&
-                         rows.dim_size(0) == keys.dim_size(0) &&
-                         rows.dim_size(1) == table->width(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "import needs keys [N] and rows [N, ", table->width(),
-                    "] (dim * (1 + num_slots)), got ", keys.shape().DebugString(), " and ",
-                    rows.shape().DebugString())));
+    OP_REQUIRES(ctx,
+                keys.dims() == 1 && rows.dims() == 2 && rows.dim_size(0) == keys.dim_size(0) &&
+                    rows.dim_size(1) == table->width(),
+                absl::InvalidArgumentError(
+                    absl::StrCat("import needs keys [N] and rows [N, ", table->width(),
+                                 "] (dim * (1 + num_slots)), got ", keys.shape().DebugString(),
+                                 " and ", rows.shape().DebugString())));
     absl::MutexLock lock(table->mu());
     OP_REQUIRES_OK(ctx, table->Import(keys.flat<int64_t>().data(), rows.flat<float>().data(),
                                       keys.dim_size(0)));
@@ -150,8 +149,8 @@ class TableImportOp : public OpKernel {
 
 absl::Status CheckAddresses(const Tensor& address) {
   if (address.dims() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "address must be a vector, got shape ", address.shape().DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("address must be a vector, got shape ", address.shape().DebugString()));
   }
   return absl::OkStatus();
 }
@@ -168,16 +167,16 @@ class EmbeddingLookupByAddressOp : public OpKernel {
     const Tensor& address = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckAddresses(address));
     OP_REQUIRES(ctx, dim_ <= table->width(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "embedding_dim = ", dim_, " is wider than the table's rows (",
-                    table->width(), " = dim * (1 + num_slots))")));
+                absl::InvalidArgumentError(
+                    absl::StrCat("embedding_dim = ", dim_, " is wider than the table's rows (",
+                                 table->width(), " = dim * (1 + num_slots))")));
     const int64_t n = address.dim_size(0);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &out));
     absl::ReaderMutexLock lock(table->mu());
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, table->DecodeAddresses(ctx, address.flat<int64_t>().data(), n,
-                                               "address", &rows));
+    OP_REQUIRES_OK(
+        ctx, table->DecodeAddresses(ctx, address.flat<int64_t>().data(), n, "address", &rows));
     float* y = out->flat<float>().data();
     const int64_t bytes = dim_ * static_cast<int64_t>(sizeof(float));
     const bool stream = n * bytes >= kStreamingOutputBytes;
@@ -210,8 +209,8 @@ class EmbeddingUpdateByAddressOp : public OpKernel {
   explicit EmbeddingUpdateByAddressOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("update_type", &update_type_));
     OP_REQUIRES(ctx, update_type_ == 0 || update_type_ == 1,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "update_type must be 0 (add) or 1 (assign), got ", update_type_)));
+                absl::InvalidArgumentError(
+                    absl::StrCat("update_type must be 0 (add) or 1 (assign), got ", update_type_)));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -221,18 +220,19 @@ class EmbeddingUpdateByAddressOp : public OpKernel {
     const Tensor& embedding = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckAddresses(address));
     const int64_t n = address.dim_size(0);
-    OP_REQUIRES(ctx, embedding.dims() == 2 && embedding.dim_size(0) == n &&
-                         embedding.dim_size(1) <= table->width(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "embedding must have shape [N, D] with N = len(address) = ", n,
-                    " and D <= the row width ", table->width(), ", got ",
-                    embedding.shape().DebugString())));
+    OP_REQUIRES(ctx,
+                embedding.dims() == 2 && embedding.dim_size(0) == n &&
+                    embedding.dim_size(1) <= table->width(),
+                absl::InvalidArgumentError(
+                    absl::StrCat("embedding must have shape [N, D] with N = len(address) = ", n,
+                                 " and D <= the row width ", table->width(), ", got ",
+                                 embedding.shape().DebugString())));
     const int64_t dim = embedding.dim_size(1);
     const float* e = embedding.flat<float>().data();
     absl::MutexLock lock(table->mu());
     std::vector<int64_t> rows;
-    OP_REQUIRES_OK(ctx, table->DecodeAddresses(ctx, address.flat<int64_t>().data(), n,
-                                               "address", &rows));
+    OP_REQUIRES_OK(
+        ctx, table->DecodeAddresses(ctx, address.flat<int64_t>().data(), n, "address", &rows));
     const int64_t bytes = dim * static_cast<int64_t>(sizeof(float));
     const auto prefetch = [&](int64_t row) { PrefetchBytes(table->Row(row), bytes, true); };
     if (update_type_ == 1) {  // assign: the last occurrence wins
@@ -269,10 +269,10 @@ REGISTER_KERNEL_BUILDER(
     LookupAddressesOp);
 REGISTER_KERNEL_BUILDER(Name("Recops>DynamicEmbeddingTableSize").Device(tensorflow::DEVICE_CPU),
                         TableSizeOp);
-REGISTER_KERNEL_BUILDER(
-    Name("Recops>DynamicEmbeddingTableExport").Device(tensorflow::DEVICE_CPU), TableExportOp);
-REGISTER_KERNEL_BUILDER(
-    Name("Recops>DynamicEmbeddingTableImport").Device(tensorflow::DEVICE_CPU), TableImportOp);
+REGISTER_KERNEL_BUILDER(Name("Recops>DynamicEmbeddingTableExport").Device(tensorflow::DEVICE_CPU),
+                        TableExportOp);
+REGISTER_KERNEL_BUILDER(Name("Recops>DynamicEmbeddingTableImport").Device(tensorflow::DEVICE_CPU),
+                        TableImportOp);
 REGISTER_KERNEL_BUILDER(Name("Recops>EmbeddingLookupByAddress").Device(tensorflow::DEVICE_CPU),
                         EmbeddingLookupByAddressOp);
 REGISTER_KERNEL_BUILDER(Name("Recops>EmbeddingUpdateByAddress").Device(tensorflow::DEVICE_CPU),

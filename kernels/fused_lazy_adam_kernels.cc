@@ -22,8 +22,7 @@ struct AdamParams {
 // One Adam step on a row (the seed's math: v stored as |v|, epsilon outside the sqrt),
 // compiled for AVX-512, AVX2 and baseline x86-64.
 RECOPS_MULTIVERSION void AdamRow(const float* __restrict g, int64_t dim, AdamParams p,
-                                 float* __restrict var, float* __restrict m,
-                                 float* __restrict v) {
+                                 float* __restrict var, float* __restrict m, float* __restrict v) {
   const float beta1 = p.beta1, beta2 = p.beta2, lr = p.lr, epsilon = p.epsilon;
   const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
   for (int64_t c = 0; c < dim; ++c) {
@@ -44,12 +43,12 @@ class LazyAdamOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &params_.beta1));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &params_.beta2));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &params_.epsilon));
-    OP_REQUIRES(ctx, params_.beta1 >= 0 && params_.beta1 < 1,
-                absl::InvalidArgumentError(
-                    absl::StrCat("beta1 must be in [0, 1), got ", params_.beta1)));
-    OP_REQUIRES(ctx, params_.beta2 >= 0 && params_.beta2 < 1,
-                absl::InvalidArgumentError(
-                    absl::StrCat("beta2 must be in [0, 1), got ", params_.beta2)));
+    OP_REQUIRES(
+        ctx, params_.beta1 >= 0 && params_.beta1 < 1,
+        absl::InvalidArgumentError(absl::StrCat("beta1 must be in [0, 1), got ", params_.beta1)));
+    OP_REQUIRES(
+        ctx, params_.beta2 >= 0 && params_.beta2 < 1,
+        absl::InvalidArgumentError(absl::StrCat("beta2 must be in [0, 1), got ", params_.beta2)));
     OP_REQUIRES(ctx, params_.epsilon > 0 && std::isfinite(params_.epsilon),
                 absl::InvalidArgumentError(
                     absl::StrCat("epsilon must be positive and finite, got ", params_.epsilon)));
@@ -80,8 +79,7 @@ class LazyAdamOp : public OpKernel {
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("Recops>LazyAdam").Device(tensorflow::DEVICE_CPU),
-                        LazyAdamOp<false>);
+REGISTER_KERNEL_BUILDER(Name("Recops>LazyAdam").Device(tensorflow::DEVICE_CPU), LazyAdamOp<false>);
 REGISTER_KERNEL_BUILDER(Name("Recops>LazyAdamByAddress").Device(tensorflow::DEVICE_CPU),
                         LazyAdamOp<true>);
 

@@ -34,8 +34,8 @@ class SgdOp : public OpKernel {
   explicit SgdOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("weight_decay", &weight_decay_));
     OP_REQUIRES(ctx, std::isfinite(weight_decay_) && weight_decay_ >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "weight_decay must be >= 0 and finite, got ", weight_decay_)));
+                absl::InvalidArgumentError(
+                    absl::StrCat("weight_decay must be >= 0 and finite, got ", weight_decay_)));
   }
 
   // var[r] -= lr * (sum of the occurrences' gradients + count * weight_decay * var_old[r]):
@@ -63,7 +63,6 @@ class SgdOp : public OpKernel {
 }  // namespace
 
 REGISTER_KERNEL_BUILDER(Name("Recops>Sgd").Device(tensorflow::DEVICE_CPU), SgdOp<false>);
-REGISTER_KERNEL_BUILDER(Name("Recops>SgdByAddress").Device(tensorflow::DEVICE_CPU),
-                        SgdOp<true>);
+REGISTER_KERNEL_BUILDER(Name("Recops>SgdByAddress").Device(tensorflow::DEVICE_CPU), SgdOp<true>);
 
 }  // namespace recops

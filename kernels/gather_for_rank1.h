@@ -19,8 +19,9 @@ constexpr int64_t kGatherBlock = 2048;
 // reduction, then gathered without checks; a block holding a bad index is reported to `bad`
 // (lowest bad position) and its outputs are zeroed.
 template <typename Elem, typename Index>
-__attribute__((always_inline)) inline void GatherRange(const Elem* x, int64_t n, const Index* index, Elem* y, int64_t k0, int64_t k1,
-                 BadIndexTracker* bad) {
+__attribute__((always_inline)) inline void GatherRange(const Elem* x, int64_t n, const Index* index,
+                                                       Elem* y, int64_t k0, int64_t k1,
+                                                       BadIndexTracker* bad) {
   const uint64_t bound = static_cast<uint64_t>(n);
   for (int64_t b0 = k0; b0 < k1; b0 += kGatherBlock) {
     const int64_t b1 = std::min(k1, b0 + kGatherBlock);
@@ -54,14 +55,15 @@ constexpr int64_t kAccumulatorBudgetBytes = int64_t{64} << 20;
 
 inline int64_t ScatterAddChunks(int64_t num_index, int64_t n, int64_t acc_bytes) {
   const int64_t by_work = std::max<int64_t>(1, num_index / kMinChunk);
-  const int64_t by_memory = std::max<int64_t>(1, kAccumulatorBudgetBytes / std::max<int64_t>(1, n * acc_bytes));
+  const int64_t by_memory =
+      std::max<int64_t>(1, kAccumulatorBudgetBytes / std::max<int64_t>(1, n * acc_bytes));
   return std::min({kMaxChunks, by_work, by_memory});
 }
 
 // acc[j] += grad[k] for k in [k0, k1), ascending; out-of-range indices go to `bad`.
 template <typename T, typename Acc, typename Index>
-void ScatterAddChunk(const T* grad, const Index* index, int64_t n, int64_t k0, int64_t k1,
-                     Acc* acc, BadIndexTracker* bad) {
+void ScatterAddChunk(const T* grad, const Index* index, int64_t n, int64_t k0, int64_t k1, Acc* acc,
+                     BadIndexTracker* bad) {
   const uint64_t bound = static_cast<uint64_t>(n);
   for (int64_t k = k0; k < k1; ++k) {
     const uint64_t j = static_cast<uint64_t>(static_cast<int64_t>(index[k]));

@@ -23,16 +23,16 @@ namespace {
 
 // Unsigned integer of the same width as T.
 template <typename T>
-using BitsOf = std::conditional_t<
-    sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+using BitsOf = std::conditional_t<sizeof(T) == 2, uint16_t,
+                                  std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
 
 // The gather loop, compiled for AVX-512, AVX2 and baseline x86-64 (picked at load time by
 // the CPU) where the compiler supports function multiversioning: the wide targets vectorise
 // the range check (~25% faster single-threaded).
-#define RECOPS_GATHER(Bits, Index)                                                            \
-  RECOPS_MULTIVERSION void Gather(const Bits* x, int64_t n, const Index* index, Bits* y,      \
-                                  int64_t k0, int64_t k1, BadIndexTracker* bad) {             \
-    GatherRange<Bits, Index>(x, n, index, y, k0, k1, bad);                                    \
+#define RECOPS_GATHER(Bits, Index)                                                       \
+  RECOPS_MULTIVERSION void Gather(const Bits* x, int64_t n, const Index* index, Bits* y, \
+                                  int64_t k0, int64_t k1, BadIndexTracker* bad) {        \
+    GatherRange<Bits, Index>(x, n, index, y, k0, k1, bad);                               \
   }
 RECOPS_GATHER(uint16_t, int32_t)
 RECOPS_GATHER(uint16_t, int64_t)
@@ -60,9 +60,8 @@ class GatherForRank1Op : public OpKernel {
     const Index* ip = index.flat<Index>().data();
     const int64_t n = x.dim_size(0);
     BadIndexTracker bad;
-    ParallelFor(ctx, index.dim_size(0), 4, [&](int64_t k0, int64_t k1) {
-      Gather(xp, n, ip, yp, k0, k1, &bad);
-    });
+    ParallelFor(ctx, index.dim_size(0), 4,
+                [&](int64_t k0, int64_t k1) { Gather(xp, n, ip, yp, k0, k1, &bad); });
     OP_REQUIRES_OK(ctx, bad.ToStatus("index", n));
   }
 };
@@ -79,10 +78,10 @@ class IndexSelectForRank1BackwardOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckRank(grad_y, "grad_y", 1));
     OP_REQUIRES_OK(ctx, CheckRank(x, "x", 1));
     OP_REQUIRES_OK(ctx, CheckRank(index, "index", 1));
-    OP_REQUIRES(ctx, grad_y.dim_size(0) == index.dim_size(0),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "grad_y and index must have the same length, got ", grad_y.dim_size(0),
-                    " and ", index.dim_size(0))));
+    OP_REQUIRES(
+        ctx, grad_y.dim_size(0) == index.dim_size(0),
+        absl::InvalidArgumentError(absl::StrCat("grad_y and index must have the same length, got ",
+                                                grad_y.dim_size(0), " and ", index.dim_size(0))));
     Tensor* grad_x = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &grad_x));
     const int64_t n = x.dim_size(0), num_index = index.dim_size(0);
@@ -110,16 +109,16 @@ class IndexSelectForRank1BackwardOp : public OpKernel {
   }
 };
 
-#define REGISTER_INDEX(T, Index)                                                 \
-  REGISTER_KERNEL_BUILDER(Name("Recops>GatherForRank1")                          \
-                              .Device(tensorflow::DEVICE_CPU)                    \
-                              .TypeConstraint<T>("T")                            \
-                              .TypeConstraint<Index>("Tidx"),                    \
-                          GatherForRank1Op<BitsOf<T>, Index>);                           \
-  REGISTER_KERNEL_BUILDER(Name("Recops>IndexSelectForRank1Backward")             \
-                              .Device(tensorflow::DEVICE_CPU)                    \
-                              .TypeConstraint<T>("T")                            \
-                              .TypeConstraint<Index>("Tidx"),                    \
+#define REGISTER_INDEX(T, Index)                                     \
+  REGISTER_KERNEL_BUILDER(Name("Recops>GatherForRank1")              \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<Index>("Tidx"),        \
+                          GatherForRank1Op<BitsOf<T>, Index>);       \
+  REGISTER_KERNEL_BUILDER(Name("Recops>IndexSelectForRank1Backward") \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<Index>("Tidx"),        \
                           IndexSelectForRank1BackwardOp<T, Index>);
 #define REGISTER(T) REGISTER_INDEX(T, int32_t) REGISTER_INDEX(T, int64_t)
 RECOPS_CALL_FLOAT_TYPES(REGISTER)

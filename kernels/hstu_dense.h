@@ -5,9 +5,9 @@
 // 64-row blocks of query rows (forward, dQ) or of key rows (dK, dV), or a whole (sequence, kv
 // head) (one-pass backward); it packs the operands it reads into per-thread zero-padded tiles,
 // recomputes the scores of each visible tile with a register-blocked GEMM, applies bias /
-// alpha / SiLU / scale / mask on the tile and multiplies into V (or accumulates gradients). Accumulation is in Acc (float for float16,
-// bfloat16 and float32; double for float64); values are rounded to the input dtype exactly
-// where the spec's kernels round (scores, P, dO·Vᵀ, dS).
+// alpha / SiLU / scale / mask on the tile and multiplies into V (or accumulates gradients).
+// Accumulation is in Acc (float for float16, bfloat16 and float32; double for float64); values are
+// rounded to the input dtype exactly where the spec's kernels round (scores, P, dO·Vᵀ, dS).
 #ifndef RECOPS_KERNELS_HSTU_DENSE_H_
 #define RECOPS_KERNELS_HSTU_DENSE_H_
 
@@ -91,8 +91,7 @@ RECOPS_INLINE bool HstuVisible(const HstuProblem& p, const HstuSeq& s, int64_t i
 
 // True if row i's visibility over columns below j_end is just the causal / window interval
 // (no context-row or target-group rule applies to it).
-RECOPS_INLINE bool HstuPlainRow(const HstuProblem& p, const HstuSeq& s, int64_t i,
-                                int64_t j_end) {
+RECOPS_INLINE bool HstuPlainRow(const HstuProblem& p, const HstuSeq& s, int64_t i, int64_t j_end) {
   if (p.mask_type != HstuMask::kCausal) return true;
   if (s.ctx > 0 && i < s.ctx) return false;
   if (p.group > 0 && s.tgt > 0 && i >= s.lq - s.tgt && j_end > s.lk - s.tgt) return false;
@@ -146,11 +145,11 @@ struct HstuTensors {
   const T* q = nullptr;
   const T* k = nullptr;
   const T* v = nullptr;
-  const T* mask = nullptr;  // custom mask [B, Nq, max_q, max_k]
-  const T* bias = nullptr;  // [B, Nq, max_q, max_k]
+  const T* mask = nullptr;      // custom mask [B, Nq, max_q, max_k]
+  const T* bias = nullptr;      // [B, Nq, max_q, max_k]
   const T* ts_bias = nullptr;   // Fuxi: [B, max_q, max_k]
   const T* pos_bias = nullptr;  // Fuxi: [max_q, max_k]
-  const T* grad = nullptr;  // dO [Tq, Nq, Dv]
+  const T* grad = nullptr;      // dO [Tq, Nq, Dv]
   T* out = nullptr;
   T* dq = nullptr;
   T* dk = nullptr;
@@ -317,10 +316,10 @@ RECOPS_INLINE void BiasedScores(const Acc* __restrict s, const Acc* __restrict b
 // One row of the relative bias: the time buckets of gaps |ts[c] - ti| and their weights plus
 // the position weights pos[c] (either may be absent: nullptr), rounded to T once.
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void RelBiasRow(const int64_t* __restrict ts, int64_t ti,
-                              const BucketTable* table, const Bucketizer* exact,
-                              const T* __restrict time_w, const T* __restrict pos, int64_t n,
-                              int32_t* __restrict bucket, Acc* __restrict rel) {
+RECOPS_INLINE void RelBiasRow(const int64_t* __restrict ts, int64_t ti, const BucketTable* table,
+                              const Bucketizer* exact, const T* __restrict time_w,
+                              const T* __restrict pos, int64_t n, int32_t* __restrict bucket,
+                              Acc* __restrict rel) {
   if (time_w != nullptr) {
     if (table != nullptr) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -357,10 +356,10 @@ RECOPS_INLINE void RelBiasTile(const HstuProblem& p, const HstuTensors<T>& t, co
   const int64_t* ts = p.time_bias ? t.timestamps + p.off_k[b] : nullptr;
   for (int64_t r = 0; r < mq; ++r) {
     const int64_t key_i = i0 + r + s.delta;
-    RelBiasRow<T, Acc, I>(ts ? ts + j0 : nullptr, ts ? ts[key_i] : 0, p.bucket_table,
-                       p.bucketizer, p.time_bias ? t.time_w : nullptr,
-                       p.pos_bias ? t.pos_w + (p.max_k - 1) + j0 - key_i : nullptr,
-                       TileColumns<Acc, I>(w, r, nk), w.bucket + r * kTile, w.rel + r * kTile);
+    RelBiasRow<T, Acc, I>(ts ? ts + j0 : nullptr, ts ? ts[key_i] : 0, p.bucket_table, p.bucketizer,
+                          p.time_bias ? t.time_w : nullptr,
+                          p.pos_bias ? t.pos_w + (p.max_k - 1) + j0 - key_i : nullptr,
+                          TileColumns<Acc, I>(w, r, nk), w.bucket + r * kTile, w.rel + r * kTile);
   }
 }
 
@@ -369,8 +368,8 @@ RECOPS_INLINE void RelBiasTile(const HstuProblem& p, const HstuTensors<T>& t, co
 // and columns < nk are meaningful afterwards.
 template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
-                             int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
-                             int64_t nk, Acc* sc, Acc* dp, HstuWorkspace<Acc>& w) {
+                             int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
+                             Acc* sc, Acc* dp, HstuWorkspace<Acc>& w) {
   const bool full = HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
   const Acc alpha = static_cast<Acc>(p.alpha);
   Acc* z = w.z;
@@ -448,11 +447,10 @@ RECOPS_INLINE void TileTimesT(const Acc* a, int64_t mq, int64_t dim, const Acc* 
 // This is the body; the items call TileScores (below), compiled once per dtype and instruction
 // set.
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void TileScoresBody(const HstuProblem& p, const HstuTensors<T>& t,
-                                  const HstuSeq& s, int64_t b, int64_t h, int64_t i0,
-                                  int64_t mq, int64_t j0, int64_t nk, const Acc* q,
-                                  const Acc* kt, const Acc* dout, const Acc* vt,
-                                  HstuWorkspace<Acc>& w) {
+RECOPS_INLINE void TileScoresBody(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                                  int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
+                                  int64_t nk, const Acc* q, const Acc* kt, const Acc* dout,
+                                  const Acc* vt, HstuWorkspace<Acc>& w) {
   constexpr int R = kGemmRows<I>;
   w.partial = !p.has_bias && !HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
   for (int64_t r = 0; r < mq && w.partial; r += R) {
@@ -463,8 +461,7 @@ RECOPS_INLINE void TileScoresBody(const HstuProblem& p, const HstuTensors<T>& t,
   if (p.rel_bias()) RelBiasTile<T, Acc, I>(p, t, s, b, i0, mq, j0, nk, w);
   TileTimesT<Acc, I>(q, mq, p.dim_qk, kt, w.s, bound);
   if (dout != nullptr) TileTimesT<Acc, I>(dout, mq, p.dim_v, vt, w.dp, bound);
-  ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, dout != nullptr ? w.dp : nullptr,
-                       w);
+  ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, dout != nullptr ? w.dp : nullptr, w);
 }
 
 // TileScoresBody compiled once per (T, I), with the work items in kernels/hstu_dense_<isa>.cc
@@ -472,17 +469,16 @@ RECOPS_INLINE void TileScoresBody(const HstuProblem& p, const HstuTensors<T>& t,
 // compile time. One call per tile costs nothing next to the tile's work.
 template <typename T, Isa I>
 void HstuTileScores(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s, int64_t b,
-                    int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
-                    const AccumT<T>* q, const AccumT<T>* kt, const AccumT<T>* dout,
-                    const AccumT<T>* vt, HstuWorkspace<AccumT<T>>& w);
-#define RECOPS_HSTU_TILE_SCORES_SIGNATURE_(T, I)                                             \
-  void HstuTileScores<T, I>(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s, \
-                            int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,        \
-                            int64_t nk, const AccumT<T>* q, const AccumT<T>* kt,             \
-                            const AccumT<T>* dout, const AccumT<T>* vt,                      \
-                            HstuWorkspace<AccumT<T>>& w)
+                    int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, const AccumT<T>* q,
+                    const AccumT<T>* kt, const AccumT<T>* dout, const AccumT<T>* vt,
+                    HstuWorkspace<AccumT<T>>& w);
+#define RECOPS_HSTU_TILE_SCORES_SIGNATURE_(T, I)                                                  \
+  void HstuTileScores<T, I>(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,      \
+                            int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk, \
+                            const AccumT<T>* q, const AccumT<T>* kt, const AccumT<T>* dout,       \
+                            const AccumT<T>* vt, HstuWorkspace<AccumT<T>>& w)
 #define RECOPS_HSTU_DECLARE_TILE_SCORES_(T, I) \
-  template <>                                \
+  template <>                                  \
   RECOPS_HSTU_TILE_SCORES_SIGNATURE_(T, I);
 RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_TILE_SCORES_, Isa::kBase)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -493,9 +489,9 @@ RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DECLARE_TILE_SCORES_, Isa::kAvx512)
 
 template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void TileScores(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
-                              int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
-                              int64_t nk, const Acc* q, const Acc* kt, const Acc* dout,
-                              const Acc* vt, HstuWorkspace<Acc>& w) {
+                              int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
+                              const Acc* q, const Acc* kt, const Acc* dout, const Acc* vt,
+                              HstuWorkspace<Acc>& w) {
   static_assert(std::is_same_v<Acc, AccumT<T>>, "the items accumulate in AccumT<T>");
   HstuTileScores<T, I>(p, t, s, b, h, i0, mq, j0, nk, q, kt, dout, vt, w);
 }
@@ -503,8 +499,8 @@ RECOPS_INLINE void TileScores(const HstuProblem& p, const HstuTensors<T>& t, con
 // C (+)= the scored tile's rows (w.s or w.dp, mq x nk) times B (nk rows, ld ldb): P·V or
 // dS·K; per row block up to its bound on a partial tile.
 template <typename Acc, Isa I>
-RECOPS_INLINE void ScoresTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64_t mq,
-                               int64_t nk, const Acc* b, int64_t n, Acc* c) {
+RECOPS_INLINE void ScoresTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64_t mq, int64_t nk,
+                               const Acc* b, int64_t n, Acc* c) {
   constexpr int R = kGemmRows<I>;
   if (!w.partial) {
     GemmAcc<Acc, I>(RoundRows<I>(mq), n, nk, sc, kTile, b, n, c, n);
@@ -520,8 +516,8 @@ RECOPS_INLINE void ScoresTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64
 // dK += dSᵀ·Q. On a partial tile, key rows c.. are seen only from the first query block whose
 // bound exceeds c (bounds do not decrease), so the sum starts there.
 template <typename Acc, Isa I>
-RECOPS_INLINE void ScoresTTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64_t mq,
-                                int64_t nk, const Acc* b, int64_t n, Acc* c) {
+RECOPS_INLINE void ScoresTTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64_t mq, int64_t nk,
+                                const Acc* b, int64_t n, Acc* c) {
   constexpr int R = kGemmRows<I>;
   if (!w.partial) {
     GemmAcc<Acc, I, false, true>(RoundRows<I>(nk), n, mq, sc, kTile, b, n, c, n);
@@ -576,8 +572,8 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
       const int64_t nk = std::min(kTile, s.lk - j0), tile = (j0 - j_lo) / kTile;
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, q,
-                            kt + tile * kTile * p.dim_qk, nullptr, nullptr, w);
+      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, q, kt + tile * kTile * p.dim_qk,
+                            nullptr, nullptr, w);
       ScoresTimes<Acc, I>(w, w.s, mq, nk, v + tile * kTile * p.dim_v, p.dim_v, o);
       if (p.fuxi_bias) {
         // The raw masked biases as attention weights (w.dp is free in the forward).
@@ -600,11 +596,10 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
 // tile's dV (Pᵀ·dO) and dK (dSᵀ·Q) into the key block's accumulators (kTile rows); leaves dS
 // in w.dp.
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void BackwardTileKv(const HstuProblem& p, const HstuTensors<T>& t,
-                                  const HstuSeq& s, int64_t b, int64_t h, int64_t i0,
-                                  int64_t mq, int64_t j0, int64_t nk, const Acc* q,
-                                  const Acc* dout, const Acc* kt, const Acc* vt,
-                                  HstuWorkspace<Acc>& w, Acc* dk, Acc* dv) {
+RECOPS_INLINE void BackwardTileKv(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                                  int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
+                                  int64_t nk, const Acc* q, const Acc* dout, const Acc* kt,
+                                  const Acc* vt, HstuWorkspace<Acc>& w, Acc* dk, Acc* dv) {
   TileScores<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, q, kt, dout, vt, w);
   // Pᵀ and dSᵀ read in place (transposed A operand).
   ScoresTTimes<Acc, I>(w, w.s, mq, nk, dout, p.dim_v, dv);
@@ -648,12 +643,13 @@ struct HstuBackwardPack {
 // group) and key rows [j_lo, j_hi); k row tiles only if with_k (the dQ side).
 template <typename T, typename Acc>
 RECOPS_INLINE HstuBackwardPack<Acc> PackBackward(const HstuProblem& p, const HstuTensors<T>& t,
-                                                 int64_t b, int64_t kv, int64_t i_lo,
-                                                 int64_t i_hi, int64_t j_lo, int64_t j_hi,
-                                                 bool with_k, HstuWorkspace<Acc>& w) {
+                                                 int64_t b, int64_t kv, int64_t i_lo, int64_t i_hi,
+                                                 int64_t j_lo, int64_t j_hi, bool with_k,
+                                                 HstuWorkspace<Acc>& w) {
   using W = HstuWorkspace<Acc>;
   const int64_t group = p.heads_q / p.heads_k;
-  const int64_t rows_q = std::max<int64_t>(i_hi - i_lo, 0), keys = std::max<int64_t>(j_hi - j_lo, 0);
+  const int64_t rows_q = std::max<int64_t>(i_hi - i_lo, 0),
+                keys = std::max<int64_t>(j_hi - j_lo, 0);
   const int64_t q_tiles = (rows_q + kTile - 1) / kTile, k_tiles = (keys + kTile - 1) / kTile;
   HstuBackwardPack<Acc> pk{};
   pk.i_lo = i_lo;
@@ -674,8 +670,8 @@ RECOPS_INLINE HstuBackwardPack<Acc> PackBackward(const HstuProblem& p, const Hst
     PackTiles<T, Acc>(t.q, p.heads_q, h, p.dim_qk, p.off_q[b] + i_lo, rows_q, false,
                       q + g * q_tiles * kTile * p.dim_qk);
     for (int64_t c = 0; c < channels; ++c) {
-      PackTiles<T, Acc>(t.grad, grad_heads, c * p.heads_q + h, p.dim_v, p.off_q[b] + i_lo,
-                        rows_q, false, dout[c] + g * q_tiles * kTile * p.dim_v);
+      PackTiles<T, Acc>(t.grad, grad_heads, c * p.heads_q + h, p.dim_v, p.off_q[b] + i_lo, rows_q,
+                        false, dout[c] + g * q_tiles * kTile * p.dim_v);
     }
   }
   Acc* kt = w.Get(W::kKt, k_tiles * kTile * p.dim_qk);
@@ -700,10 +696,9 @@ RECOPS_INLINE HstuBackwardPack<Acc> PackBackward(const HstuProblem& p, const Hst
 // plane[i, j] += m_ij * g[i, j] on the visible entries of tile (i0.., j0..) (m: visibility
 // times the custom mask value; entries past a partial tile's bounds are invisible and skipped).
 template <typename T, typename Acc>
-RECOPS_INLINE void AddMaskedTile(const HstuProblem& p, const HstuTensors<T>& t,
-                                 const HstuSeq& s, int64_t b, int64_t h, int64_t i0, int64_t mq,
-                                 int64_t j0, int64_t nk, const Acc* g, Acc* plane,
-                                 HstuWorkspace<Acc>& w) {
+RECOPS_INLINE void AddMaskedTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                                 int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
+                                 int64_t nk, const Acc* g, Acc* plane, HstuWorkspace<Acc>& w) {
   const bool full = HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
   for (int64_t r = 0; r < mq; ++r) {
     MaskRow<T, Acc>(p, t, s, b, h, i0 + r, j0, nk, full, Acc(1), w.m);
@@ -732,9 +727,9 @@ RECOPS_INLINE void RelBiasGradRow(const Acc* __restrict ds, const int32_t* __res
 // [2 * max_k - 1] histogram). Entries past a partial tile's bounds are invisible and skipped;
 // invisible entries inside them have dS = 0.
 template <typename Acc, Isa I>
-RECOPS_INLINE void RelBiasGradTile(const HstuProblem& p, const HstuSeq& s, int64_t i0,
-                                   int64_t mq, int64_t j0, int64_t nk, HstuWorkspace<Acc>& w,
-                                   Acc* hist, Acc* pos) {
+RECOPS_INLINE void RelBiasGradTile(const HstuProblem& p, const HstuSeq& s, int64_t i0, int64_t mq,
+                                   int64_t j0, int64_t nk, HstuWorkspace<Acc>& w, Acc* hist,
+                                   Acc* pos) {
   if (p.pos_bias) std::fill(w.diag, w.diag + 2 * kTile, Acc(0));
   for (int64_t r = 0; r < mq; ++r) {
     // diag + kTile - r: element c is the tile's diagonal c - r.
@@ -753,11 +748,10 @@ RECOPS_INLINE void RelBiasGradTile(const HstuProblem& p, const HstuSeq& s, int64
 // w.dp free): dV += Tbᵀ·dO_t + Pbᵀ·dO_p, and the bias gradients m ⊙ (dO_t·Vᵀ) (timestamp bias
 // of sequence b) and m ⊙ (dO_p·Vᵀ) (position bias, per sequence, summed later).
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void FuxiBackwardTile(const HstuProblem& p, const HstuTensors<T>& t,
-                                    const HstuSeq& s, int64_t b, int64_t h, int64_t i0,
-                                    int64_t mq, int64_t j0, int64_t nk, const Acc* dout_t,
-                                    const Acc* dout_p, const Acc* vt, HstuWorkspace<Acc>& w,
-                                    Acc* dv) {
+RECOPS_INLINE void FuxiBackwardTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
+                                    int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0,
+                                    int64_t nk, const Acc* dout_t, const Acc* dout_p, const Acc* vt,
+                                    HstuWorkspace<Acc>& w, Acc* dv) {
   const int64_t plane = p.max_q * p.max_k;
   Acc* d_ts = static_cast<Acc*>(t.fuxi_grad_acc) + b * plane;
   Acc* d_pos = d_ts + p.batch * plane;
@@ -795,8 +789,8 @@ RECOPS_INLINE void HstuBackwardKvItem(const HstuProblem& p, const HstuTensors<T>
       for (int64_t i0 = i_lo; i0 < i_hi; i0 += kTile) {
         const int64_t mq = std::min(kTile, s.lq - i0);
         if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-        BackwardTileKv<T, Acc, I>(p, t, s, item.b, kv * group + g, i0, mq, j0, nk,
-                                  pk.Q(g, i0), pk.Do(g, i0), pk.Kt(j0), pk.Vt(j0), w, dk, dv);
+        BackwardTileKv<T, Acc, I>(p, t, s, item.b, kv * group + g, i0, mq, j0, nk, pk.Q(g, i0),
+                                  pk.Do(g, i0), pk.Kt(j0), pk.Vt(j0), w, dk, dv);
       }
     }
     StoreRows(dk, nk, p.dim_qk, t.dk, p.heads_k, kv, p.off_k[item.b] + j0);
@@ -826,8 +820,8 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
       const int64_t nk = std::min(kTile, s.lk - j0);
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, pk.Q(h - kv * group, i0),
-                            pk.Kt(j0), pk.Do(h - kv * group, i0), pk.Vt(j0), w);
+      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, pk.Q(h - kv * group, i0), pk.Kt(j0),
+                            pk.Do(h - kv * group, i0), pk.Vt(j0), w);
       BackwardTileQ<T, Acc, I>(p, t, item.b, h, i0, mq, j0, nk, pk.K(j0), w, dq);
     }
     StoreRows(dq, mq, p.dim_qk, t.dq, p.heads_q, h, p.off_q[item.b] + i0);
@@ -841,8 +835,8 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
 // query heads then query blocks ascending; dQ: key blocks ascending), so both paths give the
 // same bits.
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T>& t,
-                                       int64_t b, int64_t kv) {
+RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T>& t, int64_t b,
+                                       int64_t kv) {
   using W = HstuWorkspace<Acc>;
   const HstuSeq s = SeqOf(p, b);
   const int64_t group = p.heads_q / p.heads_k;
@@ -850,9 +844,9 @@ RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T
   const HstuBackwardPack<Acc> pk = PackBackward<T, Acc>(p, t, b, kv, 0, s.lq, 0, s.lk, true, w);
   const int64_t q_rows = pk.q_tiles * kTile;
   // Relative bias: this item's histograms (time: four interleaved copies in the workspace).
-  Acc* rel_grad = p.rel_bias() ? static_cast<Acc*>(t.rel_grad_acc) +
-                                     (b * p.heads_k + kv) * p.rel_hist_size()
-                               : nullptr;
+  Acc* rel_grad = p.rel_bias()
+                      ? static_cast<Acc*>(t.rel_grad_acc) + (b * p.heads_k + kv) * p.rel_hist_size()
+                      : nullptr;
   Acc* hist = p.time_bias ? w.Get(W::kHist, 4 * p.hist_buckets) : nullptr;
   if (hist) std::fill(hist, hist + 4 * p.hist_buckets, Acc(0));
   Acc* dq = w.Get(W::kAcc, group * q_rows * p.dim_qk);
@@ -872,8 +866,8 @@ RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T
         BackwardTileQ<T, Acc, I>(p, t, b, h, i0, mq, j0, nk, pk.K(j0), w,
                                  dq + (g * q_rows + i0) * p.dim_qk);
         if (p.fuxi_bias) {
-          FuxiBackwardTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, pk.DoT(g, i0),
-                                      pk.DoP(g, i0), pk.Vt(j0), w, dv);
+          FuxiBackwardTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, pk.DoT(g, i0), pk.DoP(g, i0),
+                                      pk.Vt(j0), w, dv);
         }
         if (rel_grad != nullptr) {
           RelBiasGradTile<Acc, I>(p, s, i0, mq, j0, nk, w, hist, rel_grad + p.hist_buckets);
@@ -936,30 +930,30 @@ const HstuEntries<T>& HstuBestEntries();
 
 // Defines HstuEntriesFor<T, I>() for the float dtypes with the work items compiled under the
 // target attribute ATTR (I's instruction set): the body of kernels/hstu_dense_<isa>.cc.
-#define RECOPS_HSTU_ENTRY(NAME, ITEM, I, ATTR)                                              \
-  template <typename T>                                                                     \
-  ATTR void NAME(const HstuProblem& p, const HstuTensors<T>& t, const HstuItem& i) {        \
-    ITEM<T, AccumT<T>, I>(p, t, i);                                                          \
+#define RECOPS_HSTU_ENTRY(NAME, ITEM, I, ATTR)                                       \
+  template <typename T>                                                              \
+  ATTR void NAME(const HstuProblem& p, const HstuTensors<T>& t, const HstuItem& i) { \
+    ITEM<T, AccumT<T>, I>(p, t, i);                                                  \
   }
-#define RECOPS_HSTU_ENTRIES_FOR(T, I)                                                       \
-  template <>                                                                               \
-  HstuEntries<T> HstuEntriesFor<T, I>() {                                                   \
-    return {HstuForwardEntry<T>, HstuBackwardKvEntry<T>, HstuBackwardQEntry<T>,             \
-            HstuBackwardSeqEntry<T>};                                                       \
+#define RECOPS_HSTU_ENTRIES_FOR(T, I)                                           \
+  template <>                                                                   \
+  HstuEntries<T> HstuEntriesFor<T, I>() {                                       \
+    return {HstuForwardEntry<T>, HstuBackwardKvEntry<T>, HstuBackwardQEntry<T>, \
+            HstuBackwardSeqEntry<T>};                                           \
   }
-#define RECOPS_HSTU_DEFINE_TILE_SCORES_(T, I, ATTR)                                          \
-  template <>                                                                               \
-  ATTR __attribute__((noinline)) RECOPS_HSTU_TILE_SCORES_SIGNATURE_(T, I) {                 \
-    TileScoresBody<T, AccumT<T>, I>(p, t, s, b, h, i0, mq, j0, nk, q, kt, dout, vt, w);      \
+#define RECOPS_HSTU_DEFINE_TILE_SCORES_(T, I, ATTR)                                     \
+  template <>                                                                           \
+  ATTR __attribute__((noinline)) RECOPS_HSTU_TILE_SCORES_SIGNATURE_(T, I) {             \
+    TileScoresBody<T, AccumT<T>, I>(p, t, s, b, h, i0, mq, j0, nk, q, kt, dout, vt, w); \
   }
-#define RECOPS_HSTU_ENTRIES(I, ATTR)                                                        \
-  RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DEFINE_TILE_SCORES_, I, ATTR)                    \
-  namespace {                                                                               \
-  RECOPS_HSTU_ENTRY(HstuForwardEntry, HstuForwardItem, I, ATTR)                             \
-  RECOPS_HSTU_ENTRY(HstuBackwardKvEntry, HstuBackwardKvItem, I, ATTR)                       \
-  RECOPS_HSTU_ENTRY(HstuBackwardQEntry, HstuBackwardQItem, I, ATTR)                         \
-  RECOPS_HSTU_ENTRY(HstuBackwardSeqEntry, HstuBackwardSeqItem, I, ATTR)                     \
-  }                                                                                         \
+#define RECOPS_HSTU_ENTRIES(I, ATTR)                                     \
+  RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_DEFINE_TILE_SCORES_, I, ATTR) \
+  namespace {                                                            \
+  RECOPS_HSTU_ENTRY(HstuForwardEntry, HstuForwardItem, I, ATTR)          \
+  RECOPS_HSTU_ENTRY(HstuBackwardKvEntry, HstuBackwardKvItem, I, ATTR)    \
+  RECOPS_HSTU_ENTRY(HstuBackwardQEntry, HstuBackwardQItem, I, ATTR)      \
+  RECOPS_HSTU_ENTRY(HstuBackwardSeqEntry, HstuBackwardSeqItem, I, ATTR)  \
+  }                                                                      \
   RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_HSTU_ENTRIES_FOR, I)
 
 }  // namespace recops

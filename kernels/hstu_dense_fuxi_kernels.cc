@@ -39,26 +39,26 @@ class HstuFuxiBase : public HstuBase {
     if (q.dim_size(1) != k.dim_size(1) || q.dim_size(2) != v.dim_size(2)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Fuxi attention takes q, k, v with one head count and one head size (no GQA, "
-          "Dqk = Dv), got q ", q.shape().DebugString(), ", k ", k.shape().DebugString(),
-          ", v ", v.shape().DebugString()));
+          "Dqk = Dv), got q ",
+          q.shape().DebugString(), ", k ", k.shape().DebugString(), ", v ",
+          v.shape().DebugString()));
     }
     const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
     const Tensor empty_t(q.dtype(), TensorShape({0}));
     const Tensor& offsets = ctx->input(first + 3);
-    TF_RETURN_IF_ERROR(Prepare({&q, &k, &v, &offsets, &offsets, &empty, &empty,
-                                &ctx->input(first + 4), &empty_t},
-                               call));
+    TF_RETURN_IF_ERROR(Prepare(
+        {&q, &k, &v, &offsets, &offsets, &empty, &empty, &ctx->input(first + 4), &empty_t}, call));
     call->p.fuxi_bias = fuxi_bias_;
     if (!fuxi_bias_) return absl::OkStatus();
     const Tensor& ts_bias = ctx->input(first + 5);
     const Tensor& pos_bias = ctx->input(first + 6);
     const TensorShape ts_shape({call->p.batch, max_q_, max_q_}), pos_shape({1, max_q_, max_q_});
     if (ts_bias.shape() != ts_shape || pos_bias.shape() != pos_shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "timestamp_bias must have shape ", ts_shape.DebugString(),
-          " [B, S, S] and position_bias ", pos_shape.DebugString(),
-          " [1, S, S] (S = max_seq_len), got ", ts_bias.shape().DebugString(), " and ",
-          pos_bias.shape().DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("timestamp_bias must have shape ", ts_shape.DebugString(),
+                       " [B, S, S] and position_bias ", pos_shape.DebugString(),
+                       " [1, S, S] (S = max_seq_len), got ", ts_bias.shape().DebugString(), " and ",
+                       pos_bias.shape().DebugString()));
     }
     return absl::OkStatus();
   }
@@ -77,10 +77,10 @@ class HstuFuxiForwardOp : public HstuFuxiBase {
     const HstuProblem& p = call.p;
     const Tensor& q = ctx->input(0);
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({q.dim_size(0),
-                                            (fuxi_bias_ ? 3 : 1) * p.heads_q * p.dim_v}),
-                            &out));
+    OP_REQUIRES_OK(
+        ctx,
+        ctx->allocate_output(
+            0, TensorShape({q.dim_size(0), (fuxi_bias_ ? 3 : 1) * p.heads_q * p.dim_v}), &out));
     RunForward<T>(ctx, p, q, ctx->input(1), ctx->input(2), &ctx->input(4), nullptr, out,
                   &ctx->input(5), &ctx->input(6));
   }
@@ -108,9 +108,9 @@ class HstuFuxiBackwardOp : public HstuFuxiBase {
     const int64_t channels = fuxi_bias_ ? 3 : 1;
     const TensorShape grad_shape({q.dim_size(0), channels * p.heads_q * p.dim_v});
     OP_REQUIRES(ctx, grad.shape() == grad_shape,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "grad must have the forward output's shape ", grad_shape.DebugString(),
-                    ", got ", grad.shape().DebugString())));
+                absl::InvalidArgumentError(
+                    absl::StrCat("grad must have the forward output's shape ",
+                                 grad_shape.DebugString(), ", got ", grad.shape().DebugString())));
     Tensor *dq = nullptr, *dk = nullptr, *dv = nullptr, *d_ts = nullptr, *d_pos = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, q.shape(), &dq));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, k.shape(), &dk));
@@ -143,14 +143,14 @@ class HstuFuxiBackwardOp : public HstuFuxiBase {
     std::stable_sort(items.begin(), items.end(),
                      [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });
     const HstuEntries<T>& entries = HstuBestEntries<T>();
-    ParallelForDynamic(ctx, items.size(),
-                       [&](int64_t i) { entries.backward_seq(p, t, items[i]); });
+    ParallelForDynamic(ctx, items.size(), [&](int64_t i) { entries.backward_seq(p, t, items[i]); });
     T* ts_out = d_ts->flat<T>().data();
     T* pos_out = d_pos->flat<T>().data();
     const Acc* pos_acc = acc.data() + p.batch * plane;
     ParallelFor(ctx, plane, 8 * p.batch, [&](int64_t e0, int64_t e1) {
       for (int64_t b = 0; b < p.batch; ++b) {
-        for (int64_t e = e0; e < e1; ++e) ts_out[b * plane + e] = FromAcc<T, Acc>(acc[b * plane + e]);
+        for (int64_t e = e0; e < e1; ++e)
+          ts_out[b * plane + e] = FromAcc<T, Acc>(acc[b * plane + e]);
       }
       for (int64_t e = e0; e < e1; ++e) {
         Acc sum = Acc(0);
@@ -161,12 +161,12 @@ class HstuFuxiBackwardOp : public HstuFuxiBase {
   }
 };
 
-#define REGISTER(T)                                                                            \
-  REGISTER_KERNEL_BUILDER(                                                                     \
-      Name("Recops>HstuFuxiForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),    \
-      HstuFuxiForwardOp<T>);                                                                   \
-  REGISTER_KERNEL_BUILDER(                                                                     \
-      Name("Recops>HstuFuxiBackward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
+#define REGISTER(T)                                                                          \
+  REGISTER_KERNEL_BUILDER(                                                                   \
+      Name("Recops>HstuFuxiForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),  \
+      HstuFuxiForwardOp<T>);                                                                 \
+  REGISTER_KERNEL_BUILDER(                                                                   \
+      Name("Recops>HstuFuxiBackward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       HstuFuxiBackwardOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER

@@ -65,14 +65,13 @@ void RunBackward(OpKernelContext* ctx, const HstuProblem& p, const HstuTensors<T
   ParallelForDynamic(ctx, kv_items.size(),
                      [&](int64_t i) { entries.backward_kv(p, t, kv_items[i]); });
   const std::vector<HstuItem> q_items = HstuWorkItems(p, /*kv_side=*/false, NumThreads(ctx));
-  ParallelForDynamic(ctx, q_items.size(),
-                     [&](int64_t i) { entries.backward_q(p, t, q_items[i]); });
+  ParallelForDynamic(ctx, q_items.size(), [&](int64_t i) { entries.backward_q(p, t, q_items[i]); });
 }
 
-#define INSTANTIATE(T)                                                                       \
-  template void RunForward<T>(OpKernelContext*, const HstuProblem&, const Tensor&,           \
-                              const Tensor&, const Tensor&, const Tensor*, const Tensor*,    \
-                              Tensor*, const Tensor*, const Tensor*, HstuTensors<T>);        \
+#define INSTANTIATE(T)                                                                             \
+  template void RunForward<T>(OpKernelContext*, const HstuProblem&, const Tensor&, const Tensor&,  \
+                              const Tensor&, const Tensor*, const Tensor*, Tensor*, const Tensor*, \
+                              const Tensor*, HstuTensors<T>);                                      \
   template void RunBackward<T>(OpKernelContext*, const HstuProblem&, const HstuTensors<T>&);
 RECOPS_CALL_FLOAT_TYPES(INSTANTIATE)
 #undef INSTANTIATE
@@ -92,8 +91,7 @@ class HstuDenseForwardOp : public HstuBase {
     const HstuProblem& p = call.p;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({ctx->input(0).dim_size(0), p.heads_q, p.dim_v}),
-                            &out));
+                            0, TensorShape({ctx->input(0).dim_size(0), p.heads_q, p.dim_v}), &out));
     RunForward<T>(ctx, p, ctx->input(0), ctx->input(1), ctx->input(2), &ctx->input(7),
                   &ctx->input(8), out, nullptr, nullptr, rel);
   }
@@ -121,10 +119,10 @@ class HstuPagedForwardOp : public HstuBase {
     const int64_t heads_k = k.dim_size(1), dim = k.dim_size(2);
     const int64_t num_pages = cache.dim_size(0), page_size = cache.dim_size(2);
     OP_REQUIRES(ctx, k.dim_size(0) == q.dim_size(0) && v.shape() == k.shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "k and v must be [Tq, Nk, D] rows of the same tokens as q, got q ",
-                    q.shape().DebugString(), ", k ", k.shape().DebugString(), ", v ",
-                    v.shape().DebugString())));
+                absl::InvalidArgumentError(
+                    absl::StrCat("k and v must be [Tq, Nk, D] rows of the same tokens as q, got q ",
+                                 q.shape().DebugString(), ", k ", k.shape().DebugString(), ", v ",
+                                 v.shape().DebugString())));
     OP_REQUIRES(ctx,
                 cache.dim_size(1) == 2 && cache.dim_size(3) == heads_k &&
                     cache.dim_size(4) == dim && page_size >= 1,
@@ -139,37 +137,39 @@ class HstuPagedForwardOp : public HstuBase {
     OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(7), "last_page_len", &last_len));
     OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(8), "num_target", &targets));
     const int64_t batch = static_cast<int64_t>(off_q.size()) - 1;
-    OP_REQUIRES(ctx,
-                static_cast<int64_t>(page_off.size()) == batch + 1 &&
-                    static_cast<int64_t>(last_len.size()) == batch &&
-                    static_cast<int64_t>(targets.size()) == batch,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "page_offsets must have ", batch + 1, " entries and last_page_len and "
-                    "num_target ", batch, " (one per sequence), got ", page_off.size(), ", ",
-                    last_len.size(), " and ", targets.size())));
+    OP_REQUIRES(
+        ctx,
+        static_cast<int64_t>(page_off.size()) == batch + 1 &&
+            static_cast<int64_t>(last_len.size()) == batch &&
+            static_cast<int64_t>(targets.size()) == batch,
+        absl::InvalidArgumentError(absl::StrCat("page_offsets must have ", batch + 1,
+                                                " entries and last_page_len and "
+                                                "num_target ",
+                                                batch, " (one per sequence), got ", page_off.size(),
+                                                ", ", last_len.size(), " and ", targets.size())));
     for (size_t i = 0; i < page_ids.size(); ++i) {
-      OP_REQUIRES(ctx, page_ids[i] >= 0 && page_ids[i] < num_pages,
-                  absl::InvalidArgumentError(absl::StrCat("page_ids[", i, "] = ", page_ids[i],
-                                                          " is out of range [0, ", num_pages,
-                                                          ")")));
+      OP_REQUIRES(
+          ctx, page_ids[i] >= 0 && page_ids[i] < num_pages,
+          absl::InvalidArgumentError(absl::StrCat("page_ids[", i, "] = ", page_ids[i],
+                                                  " is out of range [0, ", num_pages, ")")));
     }
     // Key offsets: cache length + targets per sequence.
     Tensor off_k_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({batch + 1}),
-                                           &off_k_t));
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({batch + 1}), &off_k_t));
     auto off_k = off_k_t.flat<int64_t>();
     off_k(0) = 0;
     std::vector<int64_t> cache_len(batch);
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t pages = page_off[b + 1] - page_off[b], lq = off_q[b + 1] - off_q[b];
       OP_REQUIRES(ctx, pages == 0 || (last_len[b] >= 1 && last_len[b] <= page_size),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "last_page_len[", b, "] = ", last_len[b], " must lie in [1, page_size = ",
-                      page_size, "]")));
+                  absl::InvalidArgumentError(
+                      absl::StrCat("last_page_len[", b, "] = ", last_len[b],
+                                   " must lie in [1, page_size = ", page_size, "]")));
       OP_REQUIRES(ctx, targets[b] >= 0 && targets[b] <= lq,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "num_target[", b, "] = ", targets[b], " must lie in [0, ", lq,
-                      "] (the sequence length)")));
+                  absl::InvalidArgumentError(absl::StrCat("num_target[", b, "] = ", targets[b],
+                                                          " must lie in [0, ", lq,
+                                                          "] (the sequence length)")));
       cache_len[b] = pages == 0 ? 0 : (pages - 1) * page_size + last_len[b];
       off_k(b + 1) = off_k(b) + cache_len[b] + targets[b];
     }
@@ -205,8 +205,8 @@ class HstuPagedForwardOp : public HstuBase {
                                  &ctx->input(8), &empty_t, &empty_t},
                                 &call));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({q.dim_size(0), call.p.heads_q, dim}), &out));
+    OP_REQUIRES_OK(
+        ctx, ctx->allocate_output(0, TensorShape({q.dim_size(0), call.p.heads_q, dim}), &out));
     RunForward<T>(ctx, call.p, q, k_eff, v_eff, nullptr, nullptr, out);
   }
 };
@@ -225,12 +225,11 @@ class HstuDenseBackwardOp : public HstuBase {
     const HstuProblem& p = call.p;
     const Tensor& grad = ctx->input(0);
     const Tensor& q = ctx->input(1);
-    OP_REQUIRES(ctx,
-                grad.shape() == TensorShape({q.dim_size(0), p.heads_q, p.dim_v}),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "grad must have shape [Tq, Nq, Dv] = ",
-                    TensorShape({q.dim_size(0), p.heads_q, p.dim_v}).DebugString(), ", got ",
-                    grad.shape().DebugString())));
+    OP_REQUIRES(ctx, grad.shape() == TensorShape({q.dim_size(0), p.heads_q, p.dim_v}),
+                absl::InvalidArgumentError(
+                    absl::StrCat("grad must have shape [Tq, Nq, Dv] = ",
+                                 TensorShape({q.dim_size(0), p.heads_q, p.dim_v}).DebugString(),
+                                 ", got ", grad.shape().DebugString())));
     Tensor *dq = nullptr, *dk = nullptr, *dv = nullptr, *dbias = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, q.shape(), &dq));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(2).shape(), &dk));
@@ -278,15 +277,15 @@ class HstuDenseBackwardOp : public HstuBase {
   }
 };
 
-#define REGISTER(T)                                                                            \
-  REGISTER_KERNEL_BUILDER(                                                                     \
-      Name("Recops>HstuDenseForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
-      HstuDenseForwardOp<T>);                                                                  \
-  REGISTER_KERNEL_BUILDER(                                                                     \
-      Name("Recops>HstuDenseBackward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),  \
-      HstuDenseBackwardOp<T>);                                                                 \
-  REGISTER_KERNEL_BUILDER(                                                                     \
-      Name("Recops>HstuPagedForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
+#define REGISTER(T)                                                                           \
+  REGISTER_KERNEL_BUILDER(                                                                    \
+      Name("Recops>HstuDenseForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),  \
+      HstuDenseForwardOp<T>);                                                                 \
+  REGISTER_KERNEL_BUILDER(                                                                    \
+      Name("Recops>HstuDenseBackward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      HstuDenseBackwardOp<T>);                                                                \
+  REGISTER_KERNEL_BUILDER(                                                                    \
+      Name("Recops>HstuPagedForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),  \
       HstuPagedForwardOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER

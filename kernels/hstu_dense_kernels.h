@@ -128,12 +128,11 @@ class HstuBase : public OpKernel {
           ") must be a positive multiple of the number of key/value heads (", p.heads_k, ")"));
     }
     TF_RETURN_IF_ERROR(ReadOffsets(*in[3], "seq_offsets", q.dim_size(0), &call->off_q));
-    TF_RETURN_IF_ERROR(
-        ReadOffsets(*in[4], "seq_offsets_k", k.dim_size(0), &call->off_k));
+    TF_RETURN_IF_ERROR(ReadOffsets(*in[4], "seq_offsets_k", k.dim_size(0), &call->off_k));
     if (off_q.size() != off_k.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "seq_offsets and seq_offsets_k must have the same length, got ", off_q.size(),
-          " and ", off_k.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("seq_offsets and seq_offsets_k must have the same length, got ",
+                       off_q.size(), " and ", off_k.size()));
     }
     p.batch = static_cast<int64_t>(off_q.size()) - 1;
     p.max_q = max_q_;
@@ -141,24 +140,23 @@ class HstuBase : public OpKernel {
     for (int64_t b = 0; b < p.batch; ++b) {
       const int64_t lq = off_q[b + 1] - off_q[b], lk = off_k[b + 1] - off_k[b];
       if (lq > max_q_) {
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " has length ", lq,
-                                                       " > max_seq_len = ", max_q_));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", b, " has length ", lq, " > max_seq_len = ", max_q_));
       }
       if (lk > max_k_) {
-        return absl::InvalidArgumentError(absl::StrCat("key sequence ", b, " has length ", lk,
-                                                       " > max_seq_len_k = ", max_k_));
+        return absl::InvalidArgumentError(
+            absl::StrCat("key sequence ", b, " has length ", lk, " > max_seq_len_k = ", max_k_));
       }
       if (lq > lk) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sequence ", b, " has more queries (", lq, ") than keys (", lk,
-            "): queries are the last positions of the key sequence"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", b, " has more queries (", lq, ") than keys (", lk,
+                         "): queries are the last positions of the key sequence"));
       }
     }
     TF_RETURN_IF_ERROR(ReadCounts(*in[5], "num_context", p.batch, &call->num_context));
     TF_RETURN_IF_ERROR(ReadCounts(*in[6], "num_target", p.batch, &call->num_target));
     if ((!contexts.empty() || !targets.empty()) && mask_type_ != HstuMask::kCausal) {
-      return absl::InvalidArgumentError(
-          "num_context / num_target need mask_type 'causal'");
+      return absl::InvalidArgumentError("num_context / num_target need mask_type 'causal'");
     }
     for (int64_t b = 0; b < p.batch && (!contexts.empty() || !targets.empty()); ++b) {
       const int64_t c = contexts.empty() ? 0 : contexts[b];
@@ -189,10 +187,9 @@ class HstuBase : public OpKernel {
                                                      in[7]->shape().DebugString()));
     }
     if (has_bias_ && in[8]->shape() != plane) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attn_bias must have shape ", plane.DebugString(),
-          " [B, Nq, max_seq_len, max_seq_len_k], got ",
-          in[8]->shape().DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attn_bias must have shape ", plane.DebugString(),
+                       " [B, Nq, max_seq_len, max_seq_len_k], got ", in[8]->shape().DebugString()));
     }
     return absl::OkStatus();
   }
@@ -220,9 +217,9 @@ class HstuBase : public OpKernel {
       TF_RETURN_IF_ERROR(CheckRank(ts, "timestamps", 1));
       TF_RETURN_IF_ERROR(ReadInt64Vector(ts, "timestamps", &call->timestamps));
       if (static_cast<int64_t>(call->timestamps.size()) != rows_k) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "timestamps must have one entry per key row (", rows_k, "), got shape ",
-            ts.shape().DebugString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("timestamps must have one entry per key row (", rows_k, "), got shape ",
+                         ts.shape().DebugString()));
       }
       TF_RETURN_IF_ERROR(CheckRank(time_w, "time_bias_weights", 1));
       const int64_t num_buckets = time_w.dim_size(0);
@@ -241,9 +238,9 @@ class HstuBase : public OpKernel {
     if (pos_bias_) {
       const TensorShape want({2 * max_k_ - 1});
       if (pos_w.shape() != want) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "position_bias_weights must have shape ", want.DebugString(),
-            " [2 * max_seq_len_k - 1], got ", pos_w.shape().DebugString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("position_bias_weights must have shape ", want.DebugString(),
+                         " [2 * max_seq_len_k - 1], got ", pos_w.shape().DebugString()));
       }
       t->pos_w = Ptr<T>(pos_w);
     }
@@ -256,8 +253,8 @@ class HstuBase : public OpKernel {
     TF_RETURN_IF_ERROR(ReadInt64Vector(t, name, out));
     if (out->empty()) return absl::OkStatus();
     if (static_cast<int64_t>(out->size()) != batch) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must have one entry per sequence (",
-                                                     batch, "), got ", out->size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must have one entry per sequence (", batch, "), got ", out->size()));
     }
     for (size_t b = 0; b < out->size(); ++b) {
       if ((*out)[b] < 0) {

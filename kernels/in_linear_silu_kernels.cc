@@ -101,13 +101,13 @@ template <typename T>
 absl::Status ReadXwBias(const Tensor& xw, const Tensor& b, const Splits& splits,
                         std::vector<AccumT<T>>* bias) {
   if (xw.dims() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat("xw (x · weightᵀ) must be [M, Nw], got ",
-                                                   xw.shape().DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("xw (x · weightᵀ) must be [M, Nw], got ", xw.shape().DebugString()));
   }
   const int64_t nw = xw.dim_size(1);
   if (nw != splits.begin[4]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "split_sizes must sum to Nw = ", nw, " (weight's rows), got ", splits.begin[4]));
+    return absl::InvalidArgumentError(absl::StrCat("split_sizes must sum to Nw = ", nw,
+                                                   " (weight's rows), got ", splits.begin[4]));
   }
   if (b.dims() != 1 || b.dim_size(0) != nw) {
     return absl::InvalidArgumentError(
@@ -139,15 +139,15 @@ class InLinearSiluOp : public OpKernel {
       outs[s] = out->flat<T>().data();
     }
     const T* xp = xw.flat<T>().data();
-    ParallelFor(ctx, m, 2 * nw * static_cast<int64_t>(sizeof(T)) + 24 * nw,
-                [&](int64_t r0, int64_t r1) {
-      std::vector<Acc> buf(2 * kSegment + nw);
-      for (int64_t r = r0; r < r1; ++r) {
-        RECOPS_WITH_ISA((ForwardRow<T, Acc, I>(xp, bias.data(), nw, splits_, r, buf.data(),
-                                               buf.data() + kSegment,
-                                               buf.data() + 2 * kSegment, outs)));
-      }
-    });
+    ParallelFor(
+        ctx, m, 2 * nw * static_cast<int64_t>(sizeof(T)) + 24 * nw, [&](int64_t r0, int64_t r1) {
+          std::vector<Acc> buf(2 * kSegment + nw);
+          for (int64_t r = r0; r < r1; ++r) {
+            RECOPS_WITH_ISA(
+                (ForwardRow<T, Acc, I>(xp, bias.data(), nw, splits_, r, buf.data(),
+                                       buf.data() + kSegment, buf.data() + 2 * kSegment, outs)));
+          }
+        });
   }
 
  private:
@@ -172,9 +172,9 @@ class InLinearSiluBackwardOp : public OpKernel {
     for (int s = 0; s < 4; ++s) {
       const Tensor& g = ctx->input(s);
       OP_REQUIRES(ctx, g.shape() == TensorShape({m, splits_.size[s]}),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "gradient ", s, " must have shape [", m, ", ", splits_.size[s],
-                      "], got ", g.shape().DebugString())));
+                  absl::InvalidArgumentError(absl::StrCat("gradient ", s, " must have shape [", m,
+                                                          ", ", splits_.size[s], "], got ",
+                                                          g.shape().DebugString())));
       grads[s] = g.flat<T>().data();
     }
     Tensor *dz = nullptr, *db = nullptr;
@@ -187,17 +187,17 @@ class InLinearSiluBackwardOp : public OpKernel {
     ParallelFor(ctx, partials.chunks(),
                 per_chunk * (3 * nw * static_cast<int64_t>(sizeof(T)) + 32 * nw),
                 [&](int64_t k0, int64_t k1) {
-      std::vector<Acc> buf(2 * kSegment + nw);
-      for (int64_t k = k0; k < k1; ++k) {
-        Acc* db_k = partials.Partial(k, 0);
-        const int64_t end = partials.ChunkBegin(k + 1, m);
-        for (int64_t r = partials.ChunkBegin(k, m); r < end; ++r) {
-          RECOPS_WITH_ISA((BackwardRow<T, Acc, I>(grads, zp, bias.data(), nw, splits_, r,
-                                                  buf.data() + 2 * kSegment, buf.data(),
-                                                  buf.data() + kSegment, db_k, dzp)));
-        }
-      }
-    });
+                  std::vector<Acc> buf(2 * kSegment + nw);
+                  for (int64_t k = k0; k < k1; ++k) {
+                    Acc* db_k = partials.Partial(k, 0);
+                    const int64_t end = partials.ChunkBegin(k + 1, m);
+                    for (int64_t r = partials.ChunkBegin(k, m); r < end; ++r) {
+                      RECOPS_WITH_ISA((BackwardRow<T, Acc, I>(
+                          grads, zp, bias.data(), nw, splits_, r, buf.data() + 2 * kSegment,
+                          buf.data(), buf.data() + kSegment, db_k, dzp)));
+                    }
+                  }
+                });
     partials.Reduce(0, db->flat<T>().data());
   }
 
@@ -205,14 +205,13 @@ class InLinearSiluBackwardOp : public OpKernel {
   Splits splits_;
 };
 
-#define REGISTER(T)                                                                           \
-  REGISTER_KERNEL_BUILDER(                                                                    \
-      Name("Recops>InLinearSilu").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
-      InLinearSiluOp<T>);                                                                     \
-  REGISTER_KERNEL_BUILDER(Name("Recops>InLinearSiluBackward")                                 \
-                              .Device(tensorflow::DEVICE_CPU)                                 \
-                              .TypeConstraint<T>("T"),                                        \
-                          InLinearSiluBackwardOp<T>);
+#define REGISTER(T)                                                                              \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("Recops>InLinearSilu").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),         \
+      InLinearSiluOp<T>);                                                                        \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("Recops>InLinearSiluBackward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      InLinearSiluBackwardOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 

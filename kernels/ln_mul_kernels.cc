@@ -54,26 +54,24 @@ class LnMulGradOp : public LnMulBase<T> {
     OP_REQUIRES_OK(ctx, this->Prepare(ctx, 1, &a));
     const Tensor& dy = ctx->input(0);
     OP_REQUIRES(ctx, dy.shape() == ctx->input(1).shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "dy must have x's shape ", ctx->input(1).shape().DebugString(), ", got ",
-                    dy.shape().DebugString())));
+                absl::InvalidArgumentError(absl::StrCat("dy must have x's shape ",
+                                                        ctx->input(1).shape().DebugString(),
+                                                        ", got ", dy.shape().DebugString())));
     Tensor *dx = nullptr, *du = nullptr, *dgamma = nullptr, *dbeta = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, dy.shape(), &dx));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, dy.shape(), &du));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(3).shape(), &dgamma));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, ctx->input(4).shape(), &dbeta));
-    NormMulBackward<T>(ctx, a, dy.flat<T>().data(), dx->flat<T>().data(),
-                       du->flat<T>().data(), dgamma->flat<T>().data(),
-                       dbeta->flat<T>().data());
+    NormMulBackward<T>(ctx, a, dy.flat<T>().data(), dx->flat<T>().data(), du->flat<T>().data(),
+                       dgamma->flat<T>().data(), dbeta->flat<T>().data());
   }
 };
 
-#define REGISTER(T)                                                                     \
-  REGISTER_KERNEL_BUILDER(                                                              \
-      Name("Recops>LnMul").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),       \
-      LnMulOp<T>);                                                                      \
-  REGISTER_KERNEL_BUILDER(                                                              \
-      Name("Recops>LnMulGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),   \
+#define REGISTER(T)                                                                            \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("Recops>LnMul").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), LnMulOp<T>); \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("Recops>LnMulGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),          \
       LnMulGradOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER

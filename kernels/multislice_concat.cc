@@ -21,9 +21,9 @@ absl::Status MultislicePlan::Init(int64_t num_outputs, const std::vector<int64_t
   }
   if (static_cast<int64_t>(slice_begins.size()) != total ||
       static_cast<int64_t>(slice_lengths.size()) != total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "slice_begins and slice_lengths must each have sum(concat_sizes) = ", total,
-        " entries, got ", slice_begins.size(), " and ", slice_lengths.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("slice_begins and slice_lengths must each have sum(concat_sizes) = ", total,
+                     " entries, got ", slice_begins.size(), " and ", slice_lengths.size()));
   }
   for (int64_t s = 0; s < total; ++s) {
     if (slice_begins[s] < 0) {
@@ -31,8 +31,8 @@ absl::Status MultislicePlan::Init(int64_t num_outputs, const std::vector<int64_t
           absl::StrCat("slice_begins[", s, "] = ", slice_begins[s], " must be >= 0"));
     }
     if (slice_lengths[s] < 1 && slice_lengths[s] != -1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "slice_lengths[", s, "] = ", slice_lengths[s], " must be >= 1 or -1 (to the end)"));
+      return absl::InvalidArgumentError(absl::StrCat("slice_lengths[", s, "] = ", slice_lengths[s],
+                                                     " must be >= 1 or -1 (to the end)"));
     }
   }
   concat_sizes_ = concat_sizes;
@@ -57,8 +57,8 @@ absl::Status MultislicePlan::Resolve(int64_t columns, std::vector<ColumnSlice>* 
       const int64_t length = lengths_[s] == -1 ? columns - begin : lengths_[s];
       if (begin + length > columns) {
         return absl::InvalidArgumentError(
-            absl::StrCat("slice ", s, ": slice_begins[", s, "] + slice_lengths[", s, "] = ",
-                         begin, " + ", length, " exceeds the columns of input, ", columns));
+            absl::StrCat("slice ", s, ": slice_begins[", s, "] + slice_lengths[", s, "] = ", begin,
+                         " + ", length, " exceeds the columns of input, ", columns));
       }
       slices->push_back({static_cast<int64_t>(k), (*widths)[k], begin, length});
       (*widths)[k] += length;

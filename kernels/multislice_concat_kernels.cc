@@ -61,16 +61,16 @@ class MultisliceConcatOp : public OpKernel {
     }
     // Byte offsets per slice, resolved once: the row loop is then pointer arithmetic only.
     struct Move {
-      char* dst;             // output base + out_column
-      int64_t dst_stride;    // output row bytes
-      int64_t src_offset;    // begin column bytes
+      char* dst;           // output base + out_column
+      int64_t dst_stride;  // output row bytes
+      int64_t src_offset;  // begin column bytes
       int64_t bytes;
     };
     std::vector<Move> moves;
     moves.reserve(slices.size());
     for (const ColumnSlice& s : slices) {
-      moves.push_back({out[s.output] + s.out_column * elem, widths[s.output] * elem,
-                       s.begin * elem, s.length * elem});
+      moves.push_back({out[s.output] + s.out_column * elem, widths[s.output] * elem, s.begin * elem,
+                       s.length * elem});
     }
     const char* in = input.tensor_data().data();
     const int64_t in_stride = cols * elem;
@@ -100,24 +100,24 @@ class MultisliceConcatGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     const Tensor& shape_t = ctx->input(grads.size());
     OP_REQUIRES(ctx, shape_t.dims() == 1 && shape_t.dim_size(0) == 2,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "input_shape must be a vector of 2 entries, got shape ",
-                    shape_t.shape().DebugString())));
+                absl::InvalidArgumentError(
+                    absl::StrCat("input_shape must be a vector of 2 entries, got shape ",
+                                 shape_t.shape().DebugString())));
     const int64_t rows = shape_t.flat<int64_t>()(0), cols = shape_t.flat<int64_t>()(1);
     OP_REQUIRES(ctx, rows >= 0 && cols >= 0,
-                absl::InvalidArgumentError(absl::StrCat("input_shape = [", rows, ", ", cols,
-                                                        "] must be non-negative")));
+                absl::InvalidArgumentError(
+                    absl::StrCat("input_shape = [", rows, ", ", cols, "] must be non-negative")));
     std::vector<ColumnSlice> slices;
     std::vector<int64_t> widths;
     OP_REQUIRES_OK(ctx, plan_.Resolve(cols, &slices, &widths));
     std::vector<const T*> g(widths.size());
     for (size_t k = 0; k < widths.size(); ++k) {
-      OP_REQUIRES(ctx,
-                  grads[k].dims() == 2 && grads[k].dim_size(0) == rows &&
-                      grads[k].dim_size(1) == widths[k],
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "grads[", k, "] must have shape [", rows, ", ", widths[k], "], got ",
-                      grads[k].shape().DebugString())));
+      OP_REQUIRES(
+          ctx,
+          grads[k].dims() == 2 && grads[k].dim_size(0) == rows && grads[k].dim_size(1) == widths[k],
+          absl::InvalidArgumentError(absl::StrCat("grads[", k, "] must have shape [", rows, ", ",
+                                                  widths[k], "], got ",
+                                                  grads[k].shape().DebugString())));
       g[k] = grads[k].flat<T>().data();
     }
     Tensor* out = nullptr;
@@ -147,14 +147,14 @@ class MultisliceConcatGradOp : public OpKernel {
   MultislicePlan plan_;
 };
 
-#define REGISTER(T)                                                                        \
-  REGISTER_KERNEL_BUILDER(                                                                 \
+#define REGISTER(T)                                                                          \
+  REGISTER_KERNEL_BUILDER(                                                                   \
       Name("Recops>MultisliceConcat").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-      MultisliceConcatOp);                                                                 \
-  REGISTER_KERNEL_BUILDER(Name("Recops>MultisliceConcatGrad")                              \
-                              .Device(tensorflow::DEVICE_CPU)                              \
-                              .TypeConstraint<T>("T")                                      \
-                              .HostMemory("input_shape"),                                  \
+      MultisliceConcatOp);                                                                   \
+  REGISTER_KERNEL_BUILDER(Name("Recops>MultisliceConcatGrad")                                \
+                              .Device(tensorflow::DEVICE_CPU)                                \
+                              .TypeConstraint<T>("T")                                        \
+                              .HostMemory("input_shape"),                                    \
                           MultisliceConcatGradOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER

@@ -28,9 +28,9 @@ class NormMulDropoutBase : public OpKernel {
   explicit NormMulDropoutBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadEpsilon(ctx, &epsilon_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dropout_rate", &rate_));
-    OP_REQUIRES(ctx, rate_ >= 0.0f && rate_ < 1.0f,
-                absl::InvalidArgumentError(
-                    absl::StrCat("dropout_rate must lie in [0, 1), got ", rate_)));
+    OP_REQUIRES(
+        ctx, rate_ >= 0.0f && rate_ < 1.0f,
+        absl::InvalidArgumentError(absl::StrCat("dropout_rate must lie in [0, 1), got ", rate_)));
   }
 
  protected:
@@ -39,8 +39,8 @@ class NormMulDropoutBase : public OpKernel {
     TF_RETURN_IF_ERROR(ReadNormMulArgs(ctx, first, "weight", "bias", epsilon_, a));
     TF_RETURN_IF_ERROR(ReadInt64Vector(ctx->input(seed_input), "seed", seed));
     if (seed->size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "seed must have shape [2] (seed, step), got ", seed->size(), " values"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("seed must have shape [2] (seed, step), got ", seed->size(), " values"));
     }
     return absl::OkStatus();
   }
@@ -84,9 +84,9 @@ class NormMultiplyDropoutBackwardOp : public NormMulDropoutBase<T> {
     const Tensor& mean = ctx->input(5);
     const Tensor& var = ctx->input(6);
     OP_REQUIRES(ctx, dy.shape() == ctx->input(1).shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "dy must have x's shape ", ctx->input(1).shape().DebugString(), ", got ",
-                    dy.shape().DebugString())));
+                absl::InvalidArgumentError(absl::StrCat("dy must have x's shape ",
+                                                        ctx->input(1).shape().DebugString(),
+                                                        ", got ", dy.shape().DebugString())));
     OP_REQUIRES(ctx, mean.shape() == TensorShape({a.rows}) && var.shape() == mean.shape(),
                 absl::InvalidArgumentError(absl::StrCat(
                     "mean and var must have shape [", a.rows, "] (one per row of x), got ",
@@ -100,22 +100,21 @@ class NormMultiplyDropoutBackwardOp : public NormMulDropoutBase<T> {
     a.mask = &mask;
     a.mean_in = mean.flat<Acc>().data();
     a.var_in = var.flat<Acc>().data();
-    NormMulBackward<T>(ctx, a, dy.flat<T>().data(), dx->flat<T>().data(),
-                       du->flat<T>().data(), dweight->flat<T>().data(),
-                       dbias->flat<T>().data());
+    NormMulBackward<T>(ctx, a, dy.flat<T>().data(), dx->flat<T>().data(), du->flat<T>().data(),
+                       dweight->flat<T>().data(), dbias->flat<T>().data());
   }
 };
 
-#define REGISTER(T)                                                                    \
-  REGISTER_KERNEL_BUILDER(Name("Recops>NormMultiplyDropout")                           \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                                  \
-                              .TypeConstraint<AccumT<T>>("Tstat"),                     \
-                          NormMultiplyDropoutOp<T>);                                   \
-  REGISTER_KERNEL_BUILDER(Name("Recops>NormMultiplyDropoutBackward")                   \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T")                                  \
-                              .TypeConstraint<AccumT<T>>("Tstat"),                     \
+#define REGISTER(T)                                                  \
+  REGISTER_KERNEL_BUILDER(Name("Recops>NormMultiplyDropout")         \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<AccumT<T>>("Tstat"),   \
+                          NormMultiplyDropoutOp<T>);                 \
+  REGISTER_KERNEL_BUILDER(Name("Recops>NormMultiplyDropoutBackward") \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<AccumT<T>>("Tstat"),   \
                           NormMultiplyDropoutBackwardOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER

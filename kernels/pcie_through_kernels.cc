@@ -59,9 +59,12 @@ class HostChannel : public tensorflow::ResourceBase {
 
   absl::Status Push(OpKernelContext* ctx, const Tensor& item, float timeout_seconds) {
     absl::MutexLock lock(&mu_);
-    TF_RETURN_IF_ERROR(Wait(ctx, timeout_seconds, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return closed_ || static_cast<int64_t>(items_.size()) < capacity_;
-    }, "for room to push (the channel stayed full: is anything popping?)"));
+    TF_RETURN_IF_ERROR(Wait(
+        ctx, timeout_seconds,
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return closed_ || static_cast<int64_t>(items_.size()) < capacity_;
+        },
+        "for room to push (the channel stayed full: is anything popping?)"));
     if (closed_) return absl::CancelledError("the host channel is closed");
     items_.push_back(item);
     return absl::OkStatus();
@@ -72,9 +75,10 @@ class HostChannel : public tensorflow::ResourceBase {
   absl::Status Pop(OpKernelContext* ctx, float timeout_seconds, DataType dtype,
                    const TensorShape* shape, Tensor* item) {
     absl::MutexLock lock(&mu_);
-    TF_RETURN_IF_ERROR(Wait(ctx, timeout_seconds, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return closed_ || !items_.empty();
-    }, "for an item to pop (the channel stayed empty: is anything pushing?)"));
+    TF_RETURN_IF_ERROR(Wait(
+        ctx, timeout_seconds,
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !items_.empty(); },
+        "for an item to pop (the channel stayed empty: is anything pushing?)"));
     if (items_.empty()) {
       return absl::OutOfRangeError("the host channel is closed and empty");
     }
@@ -133,9 +137,9 @@ absl::Status LookupChannel(OpKernelContext* ctx, int input, const char* what,
 absl::Status ReadTimeout(OpKernelConstruction* ctx, float* timeout_seconds) {
   TF_RETURN_IF_ERROR(ctx->GetAttr("timeout_seconds", timeout_seconds));
   if (!(*timeout_seconds >= 0) || !std::isfinite(*timeout_seconds)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeout_seconds must be finite and >= 0 (a wait is always bounded), got ",
-        *timeout_seconds));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_seconds must be finite and >= 0 (a wait is always bounded), got ",
+                     *timeout_seconds));
   }
   return absl::OkStatus();
 }
@@ -158,17 +162,17 @@ class HostChannelOp : public OpKernel {
     }
     auto* manager = ctx->resource_manager();
     HostChannel* channel;
-    OP_REQUIRES_OK(ctx, manager->LookupOrCreate<HostChannel>(
-                            manager->default_container(), shared_name_, &channel,
-                            [this](HostChannel** made) {
-                              *made = new HostChannel(capacity_);
-                              return absl::OkStatus();
-                            }));
+    OP_REQUIRES_OK(ctx,
+                   manager->LookupOrCreate<HostChannel>(manager->default_container(), shared_name_,
+                                                        &channel, [this](HostChannel** made) {
+                                                          *made = new HostChannel(capacity_);
+                                                          return absl::OkStatus();
+                                                        }));
     RefCountPtr<HostChannel> owned(channel);
     OP_REQUIRES(ctx, channel->capacity() == capacity_,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "host channel '", shared_name_, "' exists with capacity ",
-                    channel->capacity(), ", asked for ", capacity_)));
+                absl::InvalidArgumentError(
+                    absl::StrCat("host channel '", shared_name_, "' exists with capacity ",
+                                 channel->capacity(), ", asked for ", capacity_)));
     out->scalar<tensorflow::ResourceHandle>()() = tensorflow::MakeResourceHandle<HostChannel>(
         ctx, manager->default_container(), shared_name_);
   }
@@ -241,14 +245,14 @@ class HostChannelCloseOp : public OpKernel {
 // Checks that every entry of the int64 vector `index` is a row of [0, num_rows).
 absl::Status CheckSwapIndex(const Tensor& index, const char* what, int64_t num_rows) {
   if (index.dims() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " must be a vector, got shape ",
-                                                   index.shape().DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be a vector, got shape ", index.shape().DebugString()));
   }
   const int64_t* data = index.flat<int64_t>().data();
   for (int64_t i = 0; i < index.NumElements(); ++i) {
     if (data[i] < 0 || data[i] >= num_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] = ", data[i],
-                                                     " is out of range [0, ", num_rows, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "[", i, "] = ", data[i], " is out of range [0, ", num_rows, ")"));
     }
   }
   return absl::OkStatus();
@@ -263,8 +267,8 @@ class RmaSwapMultiTablesOp : public OpKernel {
   explicit RmaSwapMultiTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_tables_));
     OP_REQUIRES(ctx, num_tables_ <= kMaxTables,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "RmaSwapMultiTables takes 1 to ", kMaxTables, " tables, got ", num_tables_)));
+                absl::InvalidArgumentError(absl::StrCat("RmaSwapMultiTables takes 1 to ",
+                                                        kMaxTables, " tables, got ", num_tables_)));
     OP_REQUIRES_OK(ctx, ReadTimeout(ctx, &timeout_seconds_));
     for (int t = 0; t < num_tables_; ++t) names_.push_back(absl::StrCat("tables[", t, "]"));
     for (const std::string& name : names_) name_ptrs_.push_back(name.c_str());
@@ -291,8 +295,8 @@ class RmaSwapMultiTablesOp : public OpKernel {
       OP_REQUIRES_OK(ctx, CheckSwapIndex(in_index, "swap_in_index", num_rows));
       OP_REQUIRES_OK(ctx, CheckSwapIndex(out_index, "swap_out_index", num_rows));
       const int64_t rows = out_index.NumElements(), width = n * dim;
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({rows, width}),
-                                             &swapped_out));
+      OP_REQUIRES_OK(
+          ctx, ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({rows, width}), &swapped_out));
       std::vector<const float*> sources(n);
       for (int t = 0; t < n; ++t) sources[t] = tables.data(t);
       const int64_t* index = out_index.flat<int64_t>().data();
@@ -357,8 +361,7 @@ class RmaSwapMultiTablesOp : public OpKernel {
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("Recops>HostChannel").Device(tensorflow::DEVICE_CPU),
-                        HostChannelOp);
+REGISTER_KERNEL_BUILDER(Name("Recops>HostChannel").Device(tensorflow::DEVICE_CPU), HostChannelOp);
 REGISTER_KERNEL_BUILDER(Name("Recops>HostChannelPush").Device(tensorflow::DEVICE_CPU),
                         HostChannelPushOp);
 REGISTER_KERNEL_BUILDER(Name("Recops>HostChannelPop").Device(tensorflow::DEVICE_CPU),

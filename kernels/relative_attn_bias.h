@@ -97,8 +97,8 @@ class BucketTable {
     const uint64_t a1 = a > 1 ? a : 1;
     const int z = __builtin_clzll(a1);
     // (a1 << z) has its leading one at bit 63; the m bits below it select the sub-bin.
-    const uint64_t index = (static_cast<uint64_t>(63 - z) << bits_) +
-                           ((a1 << z) >> (63 - bits_)) - (uint64_t{1} << bits_);
+    const uint64_t index = (static_cast<uint64_t>(63 - z) << bits_) + ((a1 << z) >> (63 - bits_)) -
+                           (uint64_t{1} << bits_);
     return lo_[index] + static_cast<int32_t>(a > edge_[index]);
   }
 
@@ -143,9 +143,8 @@ class BucketTable {
 // GCC vector extensions plus the lzcnt / gather builtins with explicit pass-through operands
 // (the <immintrin.h> wrappers start from undefined registers, which GCC 12 reports as
 // maybe-uninitialised once inlined).
-__attribute__((target("avx512f,avx512cd,avx512dq,avx512vl,avx512bw"))) inline void
-BucketRowAvx512(const BucketTable& table, const int64_t* ts, int64_t ti, int64_t n,
-                int32_t* out) {
+__attribute__((target("avx512f,avx512cd,avx512dq,avx512vl,avx512bw"))) inline void BucketRowAvx512(
+    const BucketTable& table, const int64_t* ts, int64_t ti, int64_t n, int32_t* out) {
   typedef long long I64 __attribute__((vector_size(64)));
   typedef unsigned long long U64 __attribute__((vector_size(64)));
   typedef int I32 __attribute__((vector_size(32)));

@@ -72,8 +72,9 @@ class RelativeAttnBiasTimeOp : public OpKernel {
         for (int64_t j = 0; j < s; ++j) {
           // |t_j - t_i| in unsigned arithmetic: exact for any pair of int64 timestamps.
           const int64_t tj = static_cast<int64_t>(tb[j]);
-          bucket_row[j] = bucketize(tj >= ti ? static_cast<uint64_t>(tj) - static_cast<uint64_t>(ti)
-                                             : static_cast<uint64_t>(ti) - static_cast<uint64_t>(tj));
+          bucket_row[j] =
+              bucketize(tj >= ti ? static_cast<uint64_t>(tj) - static_cast<uint64_t>(ti)
+                                 : static_cast<uint64_t>(ti) - static_cast<uint64_t>(tj));
         }
         for (int64_t l = 0; l < layers; ++l) {
           const T* wl = w + l * num_buckets;
@@ -121,14 +122,14 @@ class RelativeAttnBiasBackwardOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat("num_buckets must be >= 1, got ", nb)));
     const int64_t layers = grad.dim_size(0), batch = buckets.dim_size(0);
     const int64_t s = buckets.dim_size(1), f = duplicate_ ? 2 : 1, s2 = f * s;
-    OP_REQUIRES(ctx,
-                buckets.dim_size(2) == s && grad.dim_size(1) == batch &&
-                    grad.dim_size(2) == s2 && grad.dim_size(3) == s2,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "grad must be [L, B, ", f, "s, ", f, "s] for buckets [B, s, s]",
-                    duplicate_ ? " (duplicate: every bucket covers a 2 x 2 block)" : "",
-                    "; got grad ", grad.shape().DebugString(), " and buckets ",
-                    buckets.shape().DebugString())));
+    OP_REQUIRES(
+        ctx,
+        buckets.dim_size(2) == s && grad.dim_size(1) == batch && grad.dim_size(2) == s2 &&
+            grad.dim_size(3) == s2,
+        absl::InvalidArgumentError(absl::StrCat(
+            "grad must be [L, B, ", f, "s, ", f, "s] for buckets [B, s, s]",
+            duplicate_ ? " (duplicate: every bucket covers a 2 x 2 block)" : "", "; got grad ",
+            grad.shape().DebugString(), " and buckets ", buckets.shape().DebugString())));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({layers, nb}), &out));
     const int64_t rows = batch * s;
@@ -139,49 +140,51 @@ class RelativeAttnBiasBackwardOp : public OpKernel {
     BadIndexTracker bad;
     ParallelFor(ctx, chunks, (rows / chunks + 1) * layers * f * s2 * sizeof(T),
                 [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        Acc* acc = partial.data() + c * layers * nb;
-        for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
-          const int64_t b = r / s, i = r % s;
-          const int32_t* bucket_row = idx + r * s;
-          bool ok = true;
-          for (int64_t j = 0; j < s; ++j) {
-            ok &= bucket_row[j] >= 0 && bucket_row[j] < nb;
-          }
-          if (!ok) {
-            for (int64_t j = 0; j < s; ++j) {
-              if (bucket_row[j] < 0 || bucket_row[j] >= nb) {
-                bad.Report(r * s + j, bucket_row[j]);
-                break;
-              }
-            }
-            continue;
-          }
-          for (int64_t l = 0; l < layers; ++l) {
-            Acc* al = acc + l * nb;
-            const T* g0 = g + ((l * batch + b) * s2 + f * i) * s2;
-            // Runs of equal buckets (the usual case: timestamps grow, so buckets rise
-            // monotonically away from the diagonal) are summed in a register before one
-            // update of the histogram, which avoids a load-add-store chain per element.
-            const T* g1 = g0 + s2;
-            int32_t run_bucket = bucket_row[0];
-            Acc run = Acc(0);
-            for (int64_t j = 0; j < s; ++j) {
-              const Acc x = duplicate_ ? (ToAcc<T, Acc>(g0[2 * j]) + ToAcc<T, Acc>(g0[2 * j + 1])) +
-                                             (ToAcc<T, Acc>(g1[2 * j]) + ToAcc<T, Acc>(g1[2 * j + 1]))
-                                       : ToAcc<T, Acc>(g0[j]);
-              if (bucket_row[j] != run_bucket) {
-                al[run_bucket] += run;
-                run_bucket = bucket_row[j];
-                run = Acc(0);
-              }
-              run += x;
-            }
-            al[run_bucket] += run;
-          }
-        }
-      }
-    });
+                  for (int64_t c = c0; c < c1; ++c) {
+                    Acc* acc = partial.data() + c * layers * nb;
+                    for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+                      const int64_t b = r / s, i = r % s;
+                      const int32_t* bucket_row = idx + r * s;
+                      bool ok = true;
+                      for (int64_t j = 0; j < s; ++j) {
+                        ok &= bucket_row[j] >= 0 && bucket_row[j] < nb;
+                      }
+                      if (!ok) {
+                        for (int64_t j = 0; j < s; ++j) {
+                          if (bucket_row[j] < 0 || bucket_row[j] >= nb) {
+                            bad.Report(r * s + j, bucket_row[j]);
+                            break;
+                          }
+                        }
+                        continue;
+                      }
+                      for (int64_t l = 0; l < layers; ++l) {
+                        Acc* al = acc + l * nb;
+                        const T* g0 = g + ((l * batch + b) * s2 + f * i) * s2;
+                        // Runs of equal buckets (the usual case: timestamps grow, so buckets rise
+                        // monotonically away from the diagonal) are summed in a register before one
+                        // update of the histogram, which avoids a load-add-store chain per element.
+                        const T* g1 = g0 + s2;
+                        int32_t run_bucket = bucket_row[0];
+                        Acc run = Acc(0);
+                        for (int64_t j = 0; j < s; ++j) {
+                          const Acc x =
+                              duplicate_
+                                  ? (ToAcc<T, Acc>(g0[2 * j]) + ToAcc<T, Acc>(g0[2 * j + 1])) +
+                                        (ToAcc<T, Acc>(g1[2 * j]) + ToAcc<T, Acc>(g1[2 * j + 1]))
+                                  : ToAcc<T, Acc>(g0[j]);
+                          if (bucket_row[j] != run_bucket) {
+                            al[run_bucket] += run;
+                            run_bucket = bucket_row[j];
+                            run = Acc(0);
+                          }
+                          run += x;
+                        }
+                        al[run_bucket] += run;
+                      }
+                    }
+                  }
+                });
     OP_REQUIRES_OK(ctx, bad.ToStatus("buckets (flattened)", nb));
     T* dw = out->flat<T>().data();
     for (int64_t k = 0; k < layers * nb; ++k) {
@@ -215,9 +218,9 @@ class RelativeAttnBiasPosOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(2), "past_valid_lens", &lens));
     for (size_t b = 0; b < lens.size(); ++b) {
       OP_REQUIRES(ctx, lens[b] >= 0 && lens[b] <= n,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "past_valid_lens[", b, "] = ", lens[b], " must lie in [0, ", n,
-                      "] (a row of rel_pos_bias, or n: no clamping)")));
+                  absl::InvalidArgumentError(
+                      absl::StrCat("past_valid_lens[", b, "] = ", lens[b], " must lie in [0, ", n,
+                                   "] (a row of rel_pos_bias, or n: no clamping)")));
     }
     const int64_t batch = static_cast<int64_t>(lens.size());
     Tensor* out = nullptr;
@@ -249,21 +252,21 @@ class RelativeAttnBiasPosOp : public OpKernel {
   }
 };
 
-#define REGISTER_T(T)                                                                     \
-  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasBackward")                         \
-                              .Device(tensorflow::DEVICE_CPU)                             \
-                              .TypeConstraint<T>("T"),                                    \
+#define REGISTER_T(T)                                             \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasBackward") \
+                              .Device(tensorflow::DEVICE_CPU)     \
+                              .TypeConstraint<T>("T"),            \
                           RelativeAttnBiasBackwardOp<T>);
-#define REGISTER_T_IDX(T, Tidx)                                                           \
-  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasTime")                             \
-                              .Device(tensorflow::DEVICE_CPU)                             \
-                              .TypeConstraint<T>("T")                                     \
-                              .TypeConstraint<Tidx>("Tidx"),                              \
-                          RelativeAttnBiasTimeOp<T, Tidx>);                               \
-  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasPos")                              \
-                              .Device(tensorflow::DEVICE_CPU)                             \
-                              .TypeConstraint<T>("T")                                     \
-                              .TypeConstraint<Tidx>("Tidx"),                              \
+#define REGISTER_T_IDX(T, Tidx)                               \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasTime") \
+                              .Device(tensorflow::DEVICE_CPU) \
+                              .TypeConstraint<T>("T")         \
+                              .TypeConstraint<Tidx>("Tidx"),  \
+                          RelativeAttnBiasTimeOp<T, Tidx>);   \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasPos")  \
+                              .Device(tensorflow::DEVICE_CPU) \
+                              .TypeConstraint<T>("T")         \
+                              .TypeConstraint<Tidx>("Tidx"),  \
                           RelativeAttnBiasPosOp<T, Tidx>);
 #define REGISTER(T)          \
   REGISTER_T(T)              \

@@ -29,10 +29,10 @@ class ReverseSequenceOp : public OpKernel {
     std::vector<int64_t> lens;
     OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(1), "seq_lengths", &lens));
     const int64_t batch = input.dim_size(0), steps = input.dim_size(1);
-    OP_REQUIRES(ctx, static_cast<int64_t>(lens.size()) == batch,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "seq_lengths must have one entry per batch row (", batch, "), got ",
-                    lens.size())));
+    OP_REQUIRES(
+        ctx, static_cast<int64_t>(lens.size()) == batch,
+        absl::InvalidArgumentError(absl::StrCat("seq_lengths must have one entry per batch row (",
+                                                batch, "), got ", lens.size())));
     for (int64_t b = 0; b < batch; ++b) {
       OP_REQUIRES(ctx, lens[b] >= 0 && lens[b] <= steps,
                   absl::InvalidArgumentError(absl::StrCat("seq_lengths[", b, "] = ", lens[b],
@@ -56,8 +56,8 @@ class ReverseSequenceOp : public OpKernel {
   }
 };
 
-#define REGISTER(T)                                                                        \
-  REGISTER_KERNEL_BUILDER(                                                                 \
+#define REGISTER(T)                                                                         \
+  REGISTER_KERNEL_BUILDER(                                                                  \
       Name("Recops>ReverseSequence").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       ReverseSequenceOp);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)

@@ -35,8 +35,8 @@ struct TokenMixingProblem {
 
 // Row i of x + xᵀ from the block and its transpose.
 template <typename T, typename Acc>
-RECOPS_INLINE void MixedRow(const T* __restrict xb, const Acc* __restrict xt, int64_t s,
-                            int64_t i, Acc* __restrict t) {
+RECOPS_INLINE void MixedRow(const T* __restrict xb, const Acc* __restrict xt, int64_t s, int64_t i,
+                            Acc* __restrict t) {
   for (int64_t c = 0; c < s; ++c) t[c] = ToAcc<T, Acc>(xb[i * s + c]) + xt[i * s + c];
 }
 
@@ -64,9 +64,8 @@ RECOPS_INLINE void TokenMixingBatch(const TokenMixingProblem<Acc>& p, const T* x
 // Gradient of batch element b: dt through the LayerNorm row by row (dgamma / dbeta added to
 // the partials), then dx = dt + dtᵀ (buf: 3 * S * S + 4 * S scratch).
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void TokenMixingGradBatch(const TokenMixingProblem<Acc>& p, const T* xb,
-                                        const T* dyb, Acc* buf, Acc* dgamma, Acc* dbeta,
-                                        T* dxb) {
+RECOPS_INLINE void TokenMixingGradBatch(const TokenMixingProblem<Acc>& p, const T* xb, const T* dyb,
+                                        Acc* buf, Acc* dgamma, Acc* dbeta, T* dxb) {
   const int64_t s = p.s;
   Acc *dt = buf, *xt = dt + s * s, *dtt = xt + s * s, *t = dtt + s * s;
   Acc *xhat = t + s, *g = xhat + s, *tmp = g + s;
@@ -77,7 +76,7 @@ RECOPS_INLINE void TokenMixingGradBatch(const TokenMixingProblem<Acc>& p, const 
     Normalize<Acc>(t, m, s, xhat);
     const Acc* gi = RowAsAcc<T, Acc>(dyb + i * s, s, g);
     LayerNormBackwardRow<Acc, I>(xhat, gi, p.gamma.data(), m.rstd, s, tmp, dgamma, dbeta,
-                              dt + i * s);
+                                 dt + i * s);
   }
   TransposeTiles<Acc, Acc>(dt, s, s, dtt);
   for (int64_t e = 0; e < s * s; ++e) dxb[e] = FromAcc<T, Acc>(dt[e] + dtt[e]);
@@ -97,9 +96,9 @@ class TokenMixingBase : public OpKernel {
   absl::Status Prepare(OpKernelContext* ctx, int first, TokenMixingProblem<Acc>* p) const {
     const Tensor& x = ctx->input(first);
     if (x.dims() != 3 || x.dim_size(1) != x.dim_size(2)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "x must have shape [B, S, S] (S == H: x + xᵀ is normalised), got ",
-          x.shape().DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("x must have shape [B, S, S] (S == H: x + xᵀ is normalised), got ",
+                       x.shape().DebugString()));
     }
     p->batch = x.dim_size(0);
     p->s = x.dim_size(1);
@@ -147,12 +146,12 @@ class TokenMixingOp : public TokenMixingBase<T> {
     T* yp = y->flat<T>().data();
     ParallelFor(ctx, p.batch, s * (3 * s * static_cast<int64_t>(sizeof(T)) + 24 * s),
                 [&](int64_t b0, int64_t b1) {
-      std::vector<Acc> buf(s * s + 2 * s);
-      for (int64_t b = b0; b < b1; ++b) {
-        RECOPS_WITH_ISA((TokenMixingBatch<T, Acc, I>(p, xp + b * s * s, buf.data(),
-                                                     yp + b * s * s)));
-      }
-    });
+                  std::vector<Acc> buf(s * s + 2 * s);
+                  for (int64_t b = b0; b < b1; ++b) {
+                    RECOPS_WITH_ISA((TokenMixingBatch<T, Acc, I>(p, xp + b * s * s, buf.data(),
+                                                                 yp + b * s * s)));
+                  }
+                });
   }
 };
 
@@ -167,10 +166,10 @@ class TokenMixingGradOp : public TokenMixingBase<T> {
     OP_REQUIRES_OK(ctx, this->Prepare(ctx, 1, &p));
     const Tensor& dy = ctx->input(0);
     const Tensor& x = ctx->input(1);
-    OP_REQUIRES(ctx, dy.shape() == x.shape(),
-                absl::InvalidArgumentError(absl::StrCat("dy must have x's shape ",
-                                                        x.shape().DebugString(), ", got ",
-                                                        dy.shape().DebugString())));
+    OP_REQUIRES(
+        ctx, dy.shape() == x.shape(),
+        absl::InvalidArgumentError(absl::StrCat("dy must have x's shape ", x.shape().DebugString(),
+                                                ", got ", dy.shape().DebugString())));
     Tensor *dx = nullptr, *dgamma = nullptr, *dbeta = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(2).shape(), &dgamma));
@@ -185,28 +184,28 @@ class TokenMixingGradOp : public TokenMixingBase<T> {
     ParallelFor(ctx, partials.chunks(),
                 per_chunk * s * (4 * s * static_cast<int64_t>(sizeof(T)) + 32 * s),
                 [&](int64_t k0, int64_t k1) {
-      std::vector<Acc> buf(3 * s * s + 4 * s);
-      for (int64_t k = k0; k < k1; ++k) {
-        Acc* dgamma_k = partials.Partial(k, 0);
-        Acc* dbeta_k = partials.Partial(k, 1);
-        const int64_t end = partials.ChunkBegin(k + 1, batch);
-        for (int64_t b = partials.ChunkBegin(k, batch); b < end; ++b) {
-          const int64_t at = b * s * s;
-          RECOPS_WITH_ISA((TokenMixingGradBatch<T, Acc, I>(p, xp + at, dyp + at, buf.data(),
-                                                           dgamma_k, dbeta_k, dxp + at)));
-        }
-      }
-    });
+                  std::vector<Acc> buf(3 * s * s + 4 * s);
+                  for (int64_t k = k0; k < k1; ++k) {
+                    Acc* dgamma_k = partials.Partial(k, 0);
+                    Acc* dbeta_k = partials.Partial(k, 1);
+                    const int64_t end = partials.ChunkBegin(k + 1, batch);
+                    for (int64_t b = partials.ChunkBegin(k, batch); b < end; ++b) {
+                      const int64_t at = b * s * s;
+                      RECOPS_WITH_ISA((TokenMixingGradBatch<T, Acc, I>(
+                          p, xp + at, dyp + at, buf.data(), dgamma_k, dbeta_k, dxp + at)));
+                    }
+                  }
+                });
     partials.Reduce(0, dgamma->flat<T>().data());
     partials.Reduce(1, dbeta->flat<T>().data());
   }
 };
 
-#define REGISTER(T)                                                                        \
-  REGISTER_KERNEL_BUILDER(                                                                 \
+#define REGISTER(T)                                                                         \
+  REGISTER_KERNEL_BUILDER(                                                                  \
       Name("Recops>TokenMixing").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),     \
-      TokenMixingOp<T>);                                                                   \
-  REGISTER_KERNEL_BUILDER(                                                                 \
+      TokenMixingOp<T>);                                                                    \
+  REGISTER_KERNEL_BUILDER(                                                                  \
       Name("Recops>TokenMixingGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       TokenMixingGradOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)

@@ -9,23 +9,22 @@ using tensorflow::shape_inference::DimensionHandle;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
-#define RECOPS_DISENTANGLE_INPUTS      \
-  Input("query: T")                    \
-      .Input("key: T")                 \
-      .Input("value: T")               \
-      .Input("pos_key: T")             \
-      .Input("pos_query: T")           \
-      .Input("relative_pos: int64")    \
+#define RECOPS_DISENTANGLE_INPUTS   \
+  Input("query: T")                 \
+      .Input("key: T")              \
+      .Input("value: T")            \
+      .Input("pos_key: T")          \
+      .Input("pos_query: T")        \
+      .Input("relative_pos: int64") \
       .Input("attn_mask: T")
 
-#define RECOPS_DISENTANGLE_ATTRS                              \
-  Attr("T: {float, half, bfloat16, double}")                  \
-      .Attr("pos_att_type: string = 'c2p|p2c'")               \
+#define RECOPS_DISENTANGLE_ATTRS                \
+  Attr("T: {float, half, bfloat16, double}")    \
+      .Attr("pos_att_type: string = 'c2p|p2c'") \
       .Attr("score_scale: float")
 
 REGISTER_OP("Recops>DisentangleAttention")
-    .RECOPS_DISENTANGLE_INPUTS
-    .Output("attn_output: T")
+    .RECOPS_DISENTANGLE_INPUTS.Output("attn_output: T")
     .Output("attn_probs: T")
     .Output("attn_weights: T")
     .RECOPS_DISENTANGLE_ATTRS
@@ -49,8 +48,7 @@ REGISTER_OP("Recops>DisentangleAttentionGrad")
     .Input("d_output: T")
     .Input("d_probs: T")
     .Input("d_weights: T")
-    .RECOPS_DISENTANGLE_INPUTS
-    .Output("d_query: T")
+    .RECOPS_DISENTANGLE_INPUTS.Output("d_query: T")
     .Output("d_key: T")
     .Output("d_value: T")
     .Output("d_pos_key: T")

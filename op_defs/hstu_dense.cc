@@ -11,39 +11,38 @@ using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
 // The inputs shared by the forward and the backward (which takes grad first).
-#define RECOPS_HSTU_INPUTS          \
-  Input("q: T")                     \
-      .Input("k: T")                \
-      .Input("v: T")                \
-      .Input("seq_offsets_q: Tidx") \
-      .Input("seq_offsets_k: Tidx") \
-      .Input("num_context: Tidx")   \
-      .Input("num_target: Tidx")    \
-      .Input("mask: T")             \
-      .Input("attn_bias: T")            \
-      .Input("timestamps: Tidx")        \
-      .Input("time_bias_weights: T")    \
+#define RECOPS_HSTU_INPUTS           \
+  Input("q: T")                      \
+      .Input("k: T")                 \
+      .Input("v: T")                 \
+      .Input("seq_offsets_q: Tidx")  \
+      .Input("seq_offsets_k: Tidx")  \
+      .Input("num_context: Tidx")    \
+      .Input("num_target: Tidx")     \
+      .Input("mask: T")              \
+      .Input("attn_bias: T")         \
+      .Input("timestamps: Tidx")     \
+      .Input("time_bias_weights: T") \
       .Input("position_bias_weights: T")
 
-#define RECOPS_HSTU_ATTRS                                       \
-  Attr("T: {float, half, bfloat16, double}")                    \
-      .Attr("Tidx: {int32, int64} = DT_INT64")                  \
-      .Attr("max_seq_len: int >= 1")                            \
-      .Attr("max_seq_len_k: int >= 1")                          \
-      .Attr("alpha: float = 1.0")                               \
-      .Attr("silu_scale: float = 0.0")                          \
+#define RECOPS_HSTU_ATTRS                                         \
+  Attr("T: {float, half, bfloat16, double}")                      \
+      .Attr("Tidx: {int32, int64} = DT_INT64")                    \
+      .Attr("max_seq_len: int >= 1")                              \
+      .Attr("max_seq_len_k: int >= 1")                            \
+      .Attr("alpha: float = 1.0")                                 \
+      .Attr("silu_scale: float = 0.0")                            \
       .Attr("mask_type: {'causal', 'none', 'custom'} = 'causal'") \
-      .Attr("target_group_size: int >= 0 = 0")                  \
-      .Attr("window_left: int >= -1 = -1")                      \
-      .Attr("window_right: int >= -1 = -1")                     \
-      .Attr("has_bias: bool = false")                           \
-      .Attr("has_time_bias: bool = false")                      \
-      .Attr("has_position_bias: bool = false")                  \
+      .Attr("target_group_size: int >= 0 = 0")                    \
+      .Attr("window_left: int >= -1 = -1")                        \
+      .Attr("window_right: int >= -1 = -1")                       \
+      .Attr("has_bias: bool = false")                             \
+      .Attr("has_time_bias: bool = false")                        \
+      .Attr("has_position_bias: bool = false")                    \
       .Attr("bucket_divisor: float = 0.301")
 
 REGISTER_OP("Recops>HstuDenseForward")
-    .RECOPS_HSTU_INPUTS
-    .Output("output: T")
+    .RECOPS_HSTU_INPUTS.Output("output: T")
     .RECOPS_HSTU_ATTRS
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       ShapeHandle q, k, v;
@@ -71,8 +70,7 @@ with has_position_bias, position_bias_weights[max_seq_len_k - 1 + j - (i + delta
 
 REGISTER_OP("Recops>HstuDenseBackward")
     .Input("grad: T")
-    .RECOPS_HSTU_INPUTS
-    .Output("dq: T")
+    .RECOPS_HSTU_INPUTS.Output("dq: T")
     .Output("dk: T")
     .Output("dv: T")
     .Output("d_attn_bias: T")

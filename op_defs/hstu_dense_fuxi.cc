@@ -11,13 +11,13 @@ using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
 // The inputs and attributes shared by the forward and the backward (which takes grad first).
-#define RECOPS_FUXI_INPUTS              \
-  Input("q: T")                         \
-      .Input("k: T")                    \
-      .Input("v: T")                    \
-      .Input("seq_offsets: Tidx")       \
-      .Input("mask: T")                 \
-      .Input("timestamp_bias: T")       \
+#define RECOPS_FUXI_INPUTS        \
+  Input("q: T")                   \
+      .Input("k: T")              \
+      .Input("v: T")              \
+      .Input("seq_offsets: Tidx") \
+      .Input("mask: T")           \
+      .Input("timestamp_bias: T") \
       .Input("position_bias: T")
 
 #define RECOPS_FUXI_ATTRS                                         \
@@ -29,8 +29,7 @@ using tensorflow::shape_inference::ShapeHandle;
       .Attr("has_bias: bool = false")
 
 REGISTER_OP("Recops>HstuFuxiForward")
-    .RECOPS_FUXI_INPUTS
-    .Output("output: T")
+    .RECOPS_FUXI_INPUTS.Output("output: T")
     .RECOPS_FUXI_ATTRS
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       ShapeHandle q, k, v;
@@ -57,8 +56,7 @@ timestamp_bias [B, S, S], position_bias [1, S, S], S = max_seq_len.
 
 REGISTER_OP("Recops>HstuFuxiBackward")
     .Input("grad: T")
-    .RECOPS_FUXI_INPUTS
-    .Output("dq: T")
+    .RECOPS_FUXI_INPUTS.Output("dq: T")
     .Output("dk: T")
     .Output("dv: T")
     .Output("d_timestamp_bias: T")

@@ -40,9 +40,8 @@ REGISTER_OP("Recops>MultisliceConcat")
         }
         // Attribute errors are reported by the kernel with full context; the shape function
         // only propagates what it can.
-        c->set_output(k, c->Matrix(c->Dim(x, 0), known && width >= 0
-                                                      ? c->MakeDim(width)
-                                                      : c->UnknownDim()));
+        c->set_output(
+            k, c->Matrix(c->Dim(x, 0), known && width >= 0 ? c->MakeDim(width) : c->UnknownDim()));
       }
       return absl::OkStatus();
     })

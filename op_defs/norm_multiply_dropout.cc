@@ -8,11 +8,11 @@ namespace recops {
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
-#define RECOPS_NMD_ATTRS                          \
-  Attr("T: {float, half, bfloat16, double}")      \
-      .Attr("Tstat: {float, double}")             \
-      .Attr("Tseed: {int32, int64} = DT_INT64")   \
-      .Attr("epsilon: float = 1e-5")              \
+#define RECOPS_NMD_ATTRS                        \
+  Attr("T: {float, half, bfloat16, double}")    \
+      .Attr("Tstat: {float, double}")           \
+      .Attr("Tseed: {int32, int64} = DT_INT64") \
+      .Attr("epsilon: float = 1e-5")            \
       .Attr("dropout_rate: float = 0.0")
 
 REGISTER_OP("Recops>NormMultiplyDropout")

@@ -18,7 +18,6 @@ absl::Status UnchangedShape(tensorflow::shape_inference::InferenceContext* c);
 // Checks that input `input` is a vector (rank 1) and returns OK.
 absl::Status RequireVector(tensorflow::shape_inference::InferenceContext* c, int input);
 
-
 }  // namespace recops
 
 #endif  // RECOPS_OP_DEFS_SHAPE_FNS_H_

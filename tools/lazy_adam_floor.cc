@@ -41,8 +41,8 @@ class Step {
   Step(const Shape& s, int threads) : s_(s), threads_(threads) {
     const size_t bytes = static_cast<size_t>(s.rows * s.dim) * sizeof(float);
     for (int a = 0; a < 3; ++a) {
-      float* p = static_cast<float*>(std::aligned_alloc(2 << 20, (bytes + (2 << 20) - 1) &
-                                                                     ~size_t{(2 << 20) - 1}));
+      float* p = static_cast<float*>(
+          std::aligned_alloc(2 << 20, (bytes + (2 << 20) - 1) & ~size_t{(2 << 20) - 1}));
       if (p == nullptr) {
         std::fprintf(stderr, "out of memory\n");
         std::exit(1);
@@ -133,8 +133,8 @@ std::pair<double, double> Time(const Step& step, Work work, int threads, int64_t
     step.Run(0, work);
     while (finished.load(std::memory_order_acquire) < (rep + 1) * (threads - 1)) {
     }
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
-                                                           begin).count());
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - begin)
+                     .count());
   }
   for (auto& h : helpers) h.join();
   std::sort(us.begin(), us.end());
@@ -156,11 +156,12 @@ int main(int argc, char** argv) {
   }
   const int threads = std::max(1u, std::thread::hardware_concurrency());
   const Step step(s, threads);
-  std::printf("lazy_adam_floor: V=%lld D=%lld, %lld distinct rows, %lld gradient rows, "
-              "%d threads, %s pages, %lld reps\n",
-              static_cast<long long>(s.rows), static_cast<long long>(s.dim),
-              static_cast<long long>(s.distinct), static_cast<long long>(s.gradient_rows),
-              threads, s.huge ? "huge" : "4 KiB", static_cast<long long>(s.reps));
+  std::printf(
+      "lazy_adam_floor: V=%lld D=%lld, %lld distinct rows, %lld gradient rows, "
+      "%d threads, %s pages, %lld reps\n",
+      static_cast<long long>(s.rows), static_cast<long long>(s.dim),
+      static_cast<long long>(s.distinct), static_cast<long long>(s.gradient_rows), threads,
+      s.huge ? "huge" : "4 KiB", static_cast<long long>(s.reps));
   const std::pair<const char*, Work> works[] = {
       {"gradient read", kGradient}, {"rows read-modify-write", kRows}, {"both", kBoth}};
   for (const auto& [name, work] : works) {

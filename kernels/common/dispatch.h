@@ -32,33 +32,33 @@ inline Isa BestIsa() {
 // Runs the statement BODY (which may use the compile-time constant `I`, the Isa) inside a
 // lambda compiled for BestIsa(): always-inline callees are compiled for that target there.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define RECOPS_WITH_ISA(BODY)                                                    \
-  do {                                                                           \
-    switch (::recops::BestIsa()) {                                               \
-      case ::recops::Isa::kAvx512:                                               \
-        [&]() __attribute__((target("arch=x86-64-v4"))) {                       \
-          [[maybe_unused]] constexpr ::recops::Isa I = ::recops::Isa::kAvx512;   \
-          BODY;                                                                  \
-        }();                                                                     \
-        break;                                                                   \
-      case ::recops::Isa::kAvx2:                                                 \
-        [&]() __attribute__((target("arch=x86-64-v3"))) {                       \
-          [[maybe_unused]] constexpr ::recops::Isa I = ::recops::Isa::kAvx2;     \
-          BODY;                                                                  \
-        }();                                                                     \
-        break;                                                                   \
-      default:                                                                   \
-        [&]() {                                                                  \
-          [[maybe_unused]] constexpr ::recops::Isa I = ::recops::Isa::kBase;     \
-          BODY;                                                                  \
-        }();                                                                     \
-    }                                                                            \
-  } while (false)
-#else
 #define RECOPS_WITH_ISA(BODY)                                                  \
   do {                                                                         \
-    [[maybe_unused]] constexpr ::recops::Isa I = ::recops::Isa::kBase;         \
-    BODY;                                                                      \
+    switch (::recops::BestIsa()) {                                             \
+      case ::recops::Isa::kAvx512:                                             \
+        [&]() __attribute__((target("arch=x86-64-v4"))) {                      \
+          [[maybe_unused]] constexpr ::recops::Isa I = ::recops::Isa::kAvx512; \
+          BODY;                                                                \
+        }();                                                                   \
+        break;                                                                 \
+      case ::recops::Isa::kAvx2:                                               \
+        [&]() __attribute__((target("arch=x86-64-v3"))) {                      \
+          [[maybe_unused]] constexpr ::recops::Isa I = ::recops::Isa::kAvx2;   \
+          BODY;                                                                \
+        }();                                                                   \
+        break;                                                                 \
+      default:                                                                 \
+        [&]() {                                                                \
+          [[maybe_unused]] constexpr ::recops::Isa I = ::recops::Isa::kBase;   \
+          BODY;                                                                \
+        }();                                                                   \
+    }                                                                          \
+  } while (false)
+#else
+#define RECOPS_WITH_ISA(BODY)                                          \
+  do {                                                                 \
+    [[maybe_unused]] constexpr ::recops::Isa I = ::recops::Isa::kBase; \
+    BODY;                                                              \
   } while (false)
 #endif
 

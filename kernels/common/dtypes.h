@@ -155,7 +155,7 @@ inline __attribute__((always_inline)) Eigen::half FromAcc<Eigen::half, float>(fl
 // Registration helpers: the float dtypes every arithmetic kernel supports, the one list.
 // RECOPS_CALL_FLOAT_TYPES(m) is m(T) for each; RECOPS_CALL_FLOAT_TYPES_WITH(m, args...)
 // m(T, args...).
-#define RECOPS_CALL_FLOAT_TYPES_WITH(m, ...)                                  \
+#define RECOPS_CALL_FLOAT_TYPES_WITH(m, ...)                                        \
   m(Eigen::half, __VA_ARGS__) m(Eigen::bfloat16, __VA_ARGS__) m(float, __VA_ARGS__) \
       m(double, __VA_ARGS__)
 #define RECOPS_CALL_FLOAT_TYPES(m) RECOPS_CALL_FLOAT_TYPES_WITH(RECOPS_APPLY_TO_TYPE_, m)

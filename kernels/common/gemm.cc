@@ -6,12 +6,12 @@
 
 namespace recops {
 
-#define RECOPS_GEMM_DEFINE_(Acc, I, OVERWRITE, TRANS_A, ATTR)                               \
-  template <>                                                                               \
-  ATTR void GemmAcc<Acc, I, OVERWRITE, TRANS_A>(int64_t M, int64_t N, int64_t K,            \
-                                                const Acc* a, int64_t lda, const Acc* B,    \
-                                                int64_t ldb, Acc* C, int64_t ldc) {         \
-    GemmAccBody<Acc, I, OVERWRITE, TRANS_A>(M, N, K, a, lda, B, ldb, C, ldc);               \
+#define RECOPS_GEMM_DEFINE_(Acc, I, OVERWRITE, TRANS_A, ATTR)                                   \
+  template <>                                                                                   \
+  ATTR void GemmAcc<Acc, I, OVERWRITE, TRANS_A>(int64_t M, int64_t N, int64_t K, const Acc* a,  \
+                                                int64_t lda, const Acc* B, int64_t ldb, Acc* C, \
+                                                int64_t ldc) {                                  \
+    GemmAccBody<Acc, I, OVERWRITE, TRANS_A>(M, N, K, a, lda, B, ldb, C, ldc);                   \
   }
 #define RECOPS_GEMM_BASE_(Acc, I, OVERWRITE, TRANS_A) \
   RECOPS_GEMM_DEFINE_(Acc, I, OVERWRITE, TRANS_A, )

@@ -118,8 +118,10 @@ RECOPS_INLINE void GemmVecColumn(int64_t M, int64_t k0, int64_t kc, const Acc* a
                                  const Acc* b, int64_t ldb, Acc* c, int64_t ldc, int64_t nc,
                                  bool zero) {
   int64_t i = 0;
-  for (; i + 8 <= M; i += 8) GemmVecRows<Acc, I, 8, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
-  for (; i + 4 <= M; i += 4) GemmVecRows<Acc, I, 4, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
+  for (; i + 8 <= M; i += 8)
+    GemmVecRows<Acc, I, 8, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
+  for (; i + 4 <= M; i += 4)
+    GemmVecRows<Acc, I, 4, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
   for (; i < M; ++i) GemmVecRows<Acc, I, 1, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
 }
 
@@ -192,7 +194,8 @@ RECOPS_INLINE void GemmAccBody(int64_t M, int64_t N, int64_t K, const Acc* a, in
     for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kKc) {
       const int64_t kc = K - k0 < kKc ? K - k0 : kKc;
       for (int64_t k = 0; k < kc; ++k) {
-        for (int64_t l = 0; l < W; ++l) bt[k * W + l] = l < nt ? B[(k0 + k) * ldb + n0 + l] : Acc(0);
+        for (int64_t l = 0; l < W; ++l)
+          bt[k * W + l] = l < nt ? B[(k0 + k) * ldb + n0 + l] : Acc(0);
       }
       GemmVecColumn<Acc, I, kTransA>(M, k0, kc, a, lda, bt, W, C + n0, ldc, nt,
                                      kOverwrite && k0 == 0);
@@ -205,16 +208,16 @@ RECOPS_INLINE void GemmAccBody(int64_t M, int64_t N, int64_t K, const Acc* a, in
 // 24 copies instead of inlining their own at every call site (which made the GEMM most of the
 // library's compile time). A call costs nothing next to a tile GEMM's work.
 template <typename Acc, Isa I, bool kOverwrite = false, bool kTransA = false>
-void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda, const Acc* B,
-             int64_t ldb, Acc* C, int64_t ldc);
+void GemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda, const Acc* B, int64_t ldb,
+             Acc* C, int64_t ldc);
 
 // m(Acc, I, kOverwrite, kTransA) for every variant of instruction set I.
-#define RECOPS_GEMM_VARIANTS(m, I)                                                    \
-  m(float, I, false, false) m(float, I, false, true) m(float, I, true, false)         \
-  m(float, I, true, true) m(double, I, false, false) m(double, I, false, true)        \
-  m(double, I, true, false) m(double, I, true, true)
-#define RECOPS_GEMM_DECLARE_(Acc, I, OVERWRITE, TRANS_A)                                     \
-  template <>                                                                               \
+#define RECOPS_GEMM_VARIANTS(m, I)                                                 \
+  m(float, I, false, false) m(float, I, false, true) m(float, I, true, false)      \
+      m(float, I, true, true) m(double, I, false, false) m(double, I, false, true) \
+          m(double, I, true, false) m(double, I, true, true)
+#define RECOPS_GEMM_DECLARE_(Acc, I, OVERWRITE, TRANS_A)                                   \
+  template <>                                                                              \
   void GemmAcc<Acc, I, OVERWRITE, TRANS_A>(int64_t, int64_t, int64_t, const Acc*, int64_t, \
                                            const Acc*, int64_t, Acc*, int64_t);
 RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kBase)

@@ -15,9 +15,8 @@ absl::Status CheckNormMulInputs(const tensorflow::Tensor& x, const tensorflow::T
         absl::StrCat("x must have rank >= 1 ([..., C]), got shape ", x.shape().DebugString()));
   }
   if (u.shape() != x.shape()) {
-    return absl::InvalidArgumentError(absl::StrCat("u must have x's shape ",
-                                                   x.shape().DebugString(), ", got ",
-                                                   u.shape().DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "u must have x's shape ", x.shape().DebugString(), ", got ", u.shape().DebugString()));
   }
   *cols = x.dim_size(x.dims() - 1);
   if (*cols < 1) {
@@ -25,12 +24,12 @@ absl::Status CheckNormMulInputs(const tensorflow::Tensor& x, const tensorflow::T
         "the normalised (last) axis of x must not be empty, got shape ", x.shape().DebugString()));
   }
   *rows = x.NumElements() / *cols;
-  for (const auto& [t, name] : {std::pair<const tensorflow::Tensor*, const char*>{&gamma, gamma_name},
-                                {&beta, beta_name}}) {
+  for (const auto& [t, name] :
+       {std::pair<const tensorflow::Tensor*, const char*>{&gamma, gamma_name},
+        {&beta, beta_name}}) {
     if (t->dims() != 1 || t->dim_size(0) != *cols) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must have shape [", *cols,
-                                                     "] (x's last axis), got ",
-                                                     t->shape().DebugString()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " must have shape [", *cols, "] (x's last axis), got ", t->shape().DebugString()));
     }
   }
   return absl::OkStatus();

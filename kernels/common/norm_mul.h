@@ -51,9 +51,8 @@ struct NormMulArgs {
 // and the affine pair, named gamma_name / beta_name in errors) and points *a at them, with
 // the kernel's epsilon attribute.
 template <typename T>
-absl::Status ReadNormMulArgs(tensorflow::OpKernelContext* ctx, int first,
-                             const char* gamma_name, const char* beta_name, float epsilon,
-                             NormMulArgs<T>* a) {
+absl::Status ReadNormMulArgs(tensorflow::OpKernelContext* ctx, int first, const char* gamma_name,
+                             const char* beta_name, float epsilon, NormMulArgs<T>* a) {
   const tensorflow::Tensor& x = ctx->input(first);
   const tensorflow::Tensor& u = ctx->input(first + 1);
   const tensorflow::Tensor& gamma = ctx->input(first + 2);
@@ -138,8 +137,8 @@ struct RowOut {
 // Forward rows [r0, r1) (buf: 4 * cols scratch).
 template <typename T, Isa I>
 RECOPS_INLINE void NormMulForwardRows(const NormMulArgs<T>& a, const AccumT<T>* gamma,
-                                      const AccumT<T>* beta, int64_t r0, int64_t r1,
-                                      AccumT<T>* buf, const RowOut<T>& y) {
+                                      const AccumT<T>* beta, int64_t r0, int64_t r1, AccumT<T>* buf,
+                                      const RowOut<T>& y) {
   using Acc = AccumT<T>;
   const bool dropout = a.mask != nullptr && a.mask->active();
   const int64_t cols = a.cols;
@@ -162,10 +161,9 @@ RECOPS_INLINE void NormMulForwardRows(const NormMulArgs<T>& a, const AccumT<T>* 
 // 8 * cols scratch).
 template <typename T, Isa I>
 RECOPS_INLINE void NormMulBackwardRows(const NormMulArgs<T>& a, const AccumT<T>* gamma,
-                                       const AccumT<T>* beta, const T* dy, int64_t r0,
-                                       int64_t r1, AccumT<T>* buf, const RowOut<T>& dx,
-                                       const RowOut<T>& du, AccumT<T>* dgamma,
-                                       AccumT<T>* dbeta) {
+                                       const AccumT<T>* beta, const T* dy, int64_t r0, int64_t r1,
+                                       AccumT<T>* buf, const RowOut<T>& dx, const RowOut<T>& du,
+                                       AccumT<T>* dgamma, AccumT<T>* dbeta) {
   using Acc = AccumT<T>;
   const bool dropout = a.mask != nullptr && a.mask->active();
   const int64_t cols = a.cols;
@@ -206,19 +204,19 @@ void NormMulForward(tensorflow::OpKernelContext* ctx, const NormMulArgs<T>& a, T
   const bool stream = a.rows * cols * static_cast<int64_t>(sizeof(T)) >= kStreamingOutputBytes;
   ParallelFor(ctx, a.rows, 3 * cols * static_cast<int64_t>(sizeof(T)) + 16 * cols,
               [&](int64_t r0, int64_t r1) {
-    std::vector<Acc> buf(4 * cols);
-    std::vector<T> staging(stream ? cols : 0);
-    const RowOut<T> out{y, stream ? staging.data() : nullptr, cols};
-    RECOPS_WITH_ISA((NormMulForwardRows<T, I>(a, gamma.data(), beta.data(), r0, r1, buf.data(),
-                                               out)));
-    if (stream) StreamFence();
-  });
+                std::vector<Acc> buf(4 * cols);
+                std::vector<T> staging(stream ? cols : 0);
+                const RowOut<T> out{y, stream ? staging.data() : nullptr, cols};
+                RECOPS_WITH_ISA((NormMulForwardRows<T, I>(a, gamma.data(), beta.data(), r0, r1,
+                                                          buf.data(), out)));
+                if (stream) StreamFence();
+              });
 }
 
 // dx, du (rows x cols) and dgamma, dbeta (cols; deterministic column sums).
 template <typename T>
-void NormMulBackward(tensorflow::OpKernelContext* ctx, const NormMulArgs<T>& a, const T* dy,
-                     T* dx, T* du, T* dgamma, T* dbeta) {
+void NormMulBackward(tensorflow::OpKernelContext* ctx, const NormMulArgs<T>& a, const T* dy, T* dx,
+                     T* du, T* dgamma, T* dbeta) {
   using Acc = AccumT<T>;
   std::vector<Acc> gamma, beta;
   AffineAsAcc(a, &gamma, &beta);
@@ -229,31 +227,31 @@ void NormMulBackward(tensorflow::OpKernelContext* ctx, const NormMulArgs<T>& a, 
   ParallelFor(ctx, partials.chunks(),
               rows_per_chunk * (5 * cols * static_cast<int64_t>(sizeof(T)) + 32 * cols),
               [&](int64_t k0, int64_t k1) {
-    std::vector<Acc> buf(8 * cols);
-    std::vector<T> staging(stream ? 2 * cols : 0);
-    const RowOut<T> dx_out{dx, stream ? staging.data() : nullptr, cols};
-    const RowOut<T> du_out{du, stream ? staging.data() + cols : nullptr, cols};
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t r0 = partials.ChunkBegin(k, rows), r1 = partials.ChunkBegin(k + 1, rows);
-      Acc* dgamma_k = partials.Partial(k, 0);
-      Acc* dbeta_k = partials.Partial(k, 1);
-      RECOPS_WITH_ISA((NormMulBackwardRows<T, I>(a, gamma.data(), beta.data(), dy, r0, r1,
-                                                 buf.data(), dx_out, du_out, dgamma_k,
-                                                 dbeta_k)));
-    }
-    if (stream) StreamFence();
-  });
+                std::vector<Acc> buf(8 * cols);
+                std::vector<T> staging(stream ? 2 * cols : 0);
+                const RowOut<T> dx_out{dx, stream ? staging.data() : nullptr, cols};
+                const RowOut<T> du_out{du, stream ? staging.data() + cols : nullptr, cols};
+                for (int64_t k = k0; k < k1; ++k) {
+                  const int64_t r0 = partials.ChunkBegin(k, rows),
+                                r1 = partials.ChunkBegin(k + 1, rows);
+                  Acc* dgamma_k = partials.Partial(k, 0);
+                  Acc* dbeta_k = partials.Partial(k, 1);
+                  RECOPS_WITH_ISA(
+                      (NormMulBackwardRows<T, I>(a, gamma.data(), beta.data(), dy, r0, r1,
+                                                 buf.data(), dx_out, du_out, dgamma_k, dbeta_k)));
+                }
+                if (stream) StreamFence();
+              });
   partials.Reduce(0, dgamma);
   partials.Reduce(1, dbeta);
 }
 
 // NormMulForward / NormMulBackward are instantiated once, for the float dtypes, in
 // kernels/common/norm_mul.cc (each is three instruction sets' worth of row code).
-#define RECOPS_NORM_MUL_TEMPLATES(PREFIX, T)                                                 \
-  PREFIX template void NormMulForward<T>(tensorflow::OpKernelContext*, const NormMulArgs<T>&, \
-                                         T*);                                                \
-  PREFIX template void NormMulBackward<T>(tensorflow::OpKernelContext*,                      \
-                                          const NormMulArgs<T>&, const T*, T*, T*, T*, T*);
+#define RECOPS_NORM_MUL_TEMPLATES(PREFIX, T)                                                       \
+  PREFIX template void NormMulForward<T>(tensorflow::OpKernelContext*, const NormMulArgs<T>&, T*); \
+  PREFIX template void NormMulBackward<T>(tensorflow::OpKernelContext*, const NormMulArgs<T>&,     \
+                                          const T*, T*, T*, T*, T*);
 #define RECOPS_NORM_MUL_EXTERN_(T) RECOPS_NORM_MUL_TEMPLATES(extern, T)
 RECOPS_CALL_FLOAT_TYPES(RECOPS_NORM_MUL_EXTERN_)
 #undef RECOPS_NORM_MUL_EXTERN_

@@ -23,8 +23,7 @@ namespace {
 // sum[0, dim) += src[0, dim): a repeated row's gradient added to its sum (compiled for
 // AVX-512, AVX2 and baseline x86-64: the baseline build's SSE2 loop made summing the
 // duplicates of a Zipf batch a third of a LazyAdam step).
-RECOPS_MULTIVERSION void AddRow(float* __restrict sum, const float* __restrict src,
-                                int64_t dim) {
+RECOPS_MULTIVERSION void AddRow(float* __restrict sum, const float* __restrict src, int64_t dim) {
   for (int64_t c = 0; c < dim; ++c) sum[c] += src[c];
 }
 
@@ -88,10 +87,9 @@ void RunRowTasks(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t c
   if (n == 0) return;
   // Several tasks per thread, handed out one at a time, so a thread that starts late does not
   // hold the step up.
-  const int64_t tasks =
-      n * cost_per_row < 65536
-          ? 1
-          : std::max<int64_t>(1, std::min<int64_t>(8 * NumThreads(ctx), n / 256));
+  const int64_t tasks = n * cost_per_row < 65536
+                            ? 1
+                            : std::max<int64_t>(1, std::min<int64_t>(8 * NumThreads(ctx), n / 256));
   // A stable counting sort of the positions by bucket = the top bits of the row's offset from
   // the smallest row (at most 4,096 buckets; the skipped rows last), in scratch of the calling
   // thread kept between calls, used through local pointers (workers see their own
@@ -235,9 +233,9 @@ absl::Status ReadRowIndices(const Tensor& indices, int64_t n, int64_t num_rows,
                             std::vector<int64_t>* storage, const int64_t** rows) {
   const bool column = indices.dims() == 2 && indices.dim_size(1) == 1;
   if (!(indices.dims() == 1 || column) || indices.NumElements() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "indices must have shape [N] or [N, 1] with N = gradient rows = ", n, ", got ",
-        indices.shape().DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("indices must have shape [N] or [N, 1] with N = gradient rows = ", n, ", got ",
+                     indices.shape().DebugString()));
   }
   const int64_t* data;
   if (indices.dtype() == tensorflow::DT_INT32) {
@@ -271,9 +269,8 @@ absl::Status CheckStepInputs(const Tensor& lr, const Tensor& gradient, int64_t d
     return absl::InvalidArgumentError(absl::StrCat("lr must be finite, got ", *lr_value));
   }
   if (gradient.dims() != 2 || gradient.dim_size(1) != dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient must have shape [N, ", dim, "], got ",
-                     gradient.shape().DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat("gradient must have shape [N, ", dim, "], got ",
+                                                   gradient.shape().DebugString()));
   }
   return absl::OkStatus();
 }
@@ -284,12 +281,12 @@ absl::Status DecodeStepAddresses(OpKernelContext* ctx, const DynamicTable& table
                                  const Tensor& address, const Tensor& gradient,
                                  std::vector<int64_t>* rows) {
   if (address.dims() != 1 || address.dim_size(0) != gradient.dim_size(0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address must be a vector of gradient's ", gradient.dim_size(0),
-                     " rows, got shape ", address.shape().DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat("address must be a vector of gradient's ",
+                                                   gradient.dim_size(0), " rows, got shape ",
+                                                   address.shape().DebugString()));
   }
-  return table.DecodeAddresses(ctx, address.flat<int64_t>().data(), address.dim_size(0),
-                               "address", rows);
+  return table.DecodeAddresses(ctx, address.flat<int64_t>().data(), address.dim_size(0), "address",
+                               rows);
 }
 
 }  // namespace
@@ -314,9 +311,8 @@ LockedVariables::LockedVariables(OpKernelContext* ctx, int count, const char* co
     }
   }
   for (auto& v : vars_) order_.push_back(v.get());
-  std::sort(order_.begin(), order_.end(), [](tensorflow::Var* a, tensorflow::Var* b) {
-    return a->mu() < b->mu();
-  });
+  std::sort(order_.begin(), order_.end(),
+            [](tensorflow::Var* a, tensorflow::Var* b) { return a->mu() < b->mu(); });
   for (tensorflow::Var* v : order_) v->mu()->lock();
   for (int i = 0; i < count; ++i) {
     tensorflow::Var* var = vars_[i].get();
@@ -326,16 +322,15 @@ LockedVariables::LockedVariables(OpKernelContext* ctx, int count, const char* co
       return;
     }
     if (t->dtype() != tensorflow::DT_FLOAT) {
-      status_ = absl::InvalidArgumentError(absl::StrCat(
-          names[i], " must be float32, got ", tensorflow::DataTypeString(t->dtype())));
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat(names[i], " must be float32, got ", tensorflow::DataTypeString(t->dtype())));
       return;
     }
     if (t->dims() != 2 || (i > 0 && t->shape() != vars_[0]->tensor()->shape())) {
-      status_ = absl::InvalidArgumentError(
-          absl::StrCat(names[i], " must be a matrix", i > 0 ? " of " : "",
-                       i > 0 ? names[0] : "", i > 0 ? "'s shape " : "",
-                       i > 0 ? vars_[0]->tensor()->shape().DebugString() : "", ", got ",
-                       t->shape().DebugString()));
+      status_ = absl::InvalidArgumentError(absl::StrCat(
+          names[i], " must be a matrix", i > 0 ? " of " : "", i > 0 ? names[0] : "",
+          i > 0 ? "'s shape " : "", i > 0 ? vars_[0]->tensor()->shape().DebugString() : "",
+          ", got ", t->shape().DebugString()));
       return;
     }
     var->copy_on_read_mode.store(true);
@@ -359,8 +354,8 @@ const Tensor& LockedVariables::tensor(int i) { return *vars_[i]->tensor(); }
 
 SparseStepRows::SparseStepRows(OpKernelContext* ctx, bool by_address, int num_state,
                                const char* const* names, const char* optimizer) {
-  status_ = by_address ? ByAddress(ctx, num_state, names, optimizer)
-                       : ByVariable(ctx, num_state, names);
+  status_ =
+      by_address ? ByAddress(ctx, num_state, names, optimizer) : ByVariable(ctx, num_state, names);
 }
 
 SparseStepRows::~SparseStepRows() {
@@ -377,8 +372,8 @@ absl::Status SparseStepRows::ByVariable(OpKernelContext* ctx, int num_state,
   TF_RETURN_IF_ERROR(CheckStepInputs(ctx->input(num_state), gradient, dim_, &lr_));
   num_updates_ = gradient.dim_size(0);
   gradient_ = gradient.flat<float>().data();
-  TF_RETURN_IF_ERROR(ReadRowIndices(ctx->input(num_state + 2), num_updates_, num_rows,
-                                    &storage_, &rows_));
+  TF_RETURN_IF_ERROR(
+      ReadRowIndices(ctx->input(num_state + 2), num_updates_, num_rows, &storage_, &rows_));
   for (int s = 0; s < num_state; ++s) base_.push_back(vars_->data(s));
   return absl::OkStatus();
 }

@@ -109,17 +109,17 @@ class SparseStepRows {
  private:
   absl::Status ByVariable(tensorflow::OpKernelContext* ctx, int num_state,
                           const char* const* names);
-  absl::Status ByAddress(tensorflow::OpKernelContext* ctx, int num_state,
-                         const char* const* names, const char* optimizer);
+  absl::Status ByAddress(tensorflow::OpKernelContext* ctx, int num_state, const char* const* names,
+                         const char* optimizer);
 
   absl::Status status_;
   float lr_ = 0.0f;
   int64_t dim_ = 0, num_updates_ = 0;
   const float* gradient_ = nullptr;
   const int64_t* rows_ = nullptr;
-  std::vector<int64_t> storage_;  // int64 copy of int32 indices, or the decoded addresses
+  std::vector<int64_t> storage_;         // int64 copy of int32 indices, or the decoded addresses
   std::optional<LockedVariables> vars_;  // by variable
-  std::vector<float*> base_;           // their data (by variable)
+  std::vector<float*> base_;             // their data (by variable)
   tensorflow::core::RefCountPtr<DynamicTable> table_;  // by address
   bool table_locked_ = false;
 };

@@ -11,16 +11,16 @@ using tensorflow::Tensor;
 
 absl::Status CheckRank(const Tensor& t, absl::string_view name, int rank) {
   if (t.dims() != rank) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must have rank ", rank, ", got shape ",
-                                                   t.shape().DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must have rank ", rank, ", got shape ", t.shape().DebugString()));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckMinRank(const Tensor& t, absl::string_view name, int rank) {
   if (t.dims() < rank) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must have rank >= ", rank,
-                                                   ", got shape ", t.shape().DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must have rank >= ", rank, ", got shape ", t.shape().DebugString()));
   }
   return absl::OkStatus();
 }
@@ -61,9 +61,8 @@ absl::Status ReadOffsets(const Tensor& t, absl::string_view name, int64_t expect
     }
   }
   if (expected_last >= 0 && o.back() != expected_last) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "[-1] = ", o.back(),
-                                                   " must equal the number of rows, ",
-                                                   expected_last));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "[-1] = ", o.back(), " must equal the number of rows, ", expected_last));
   }
   return absl::OkStatus();
 }

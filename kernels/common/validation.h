@@ -25,8 +25,8 @@ absl::Status CheckMinRank(const tensorflow::Tensor& t, absl::string_view name, i
 // Reads a rank-1 int32/int64 jagged offsets tensor into int64 and validates it:
 // at least one entry, offsets[0] == 0, non-decreasing, offsets[-1] == expected_last
 // (pass expected_last < 0 to skip that check).
-absl::Status ReadOffsets(const tensorflow::Tensor& t, absl::string_view name,
-                         int64_t expected_last, std::vector<int64_t>* out);
+absl::Status ReadOffsets(const tensorflow::Tensor& t, absl::string_view name, int64_t expected_last,
+                         std::vector<int64_t>* out);
 
 // Reads a rank-1 int32/int64 tensor into int64 (no value checks).
 absl::Status ReadInt64Vector(const tensorflow::Tensor& t, absl::string_view name,
