@@ -163,9 +163,9 @@ class TFBuildExt(build_ext):
                 self._compile_flags.append(
                     "-fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute")
             self._link_flags = [f"-fsanitize={SANITIZE}"] + self._link_flags
+        dropped = ("-g", "-O2", "-Wstrict-prototypes")
         self.compiler.compiler_so = ["g++"] + [
-            a for a in self.compiler.compiler_so[1:] if a not in ("-g", "-O2", "-Wstrict-prototypes")
-        ]
+            a for a in self.compiler.compiler_so[1:] if a not in dropped]
         self.compiler.linker_so = ["g++", "-shared"]
         super().build_extensions()
 
@@ -281,7 +281,7 @@ class TFBuildExt(build_ext):
 
 if __name__ == "__main__":  # setuptools' build backend runs this file as __main__ too
     setup(
-        ext_modules=[Extension(LIB_NAME, sources=_sources(), depends=_headers() + ["build_flags.bzl"],
-                               language="c++")],
+        ext_modules=[Extension(LIB_NAME, sources=_sources(),
+                               depends=_headers() + ["build_flags.bzl"], language="c++")],
         cmdclass={"build_ext": TFBuildExt},
     )

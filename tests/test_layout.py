@@ -1,6 +1,6 @@
 """Layout policy: every stem's C++ is found by its name, and both builds share one flag list.
 
-The rule (CONVENTIONS.md section 1), for every row of recops_tf/_ops_table.py with TF ops:
+The rule, for every row of recops_tf/_ops_table.py with TF ops:
 
 - ``op_defs/<stem>.cc`` registers its ops; ``op_defs/`` holds nothing else but the shared
   shape functions (``shape_fns.{h,cc}``);
