@@ -17,14 +17,13 @@ import concurrent.futures
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
 
 from recops_tf import _ops_table
+from recops_tf._timing import median_seconds
 from recops_tf.testing import cases
 
 CEILING_SIZES = {"tiny": {"copy_mb": 8, "matmul_n": 256},
@@ -32,17 +31,6 @@ CEILING_SIZES = {"tiny": {"copy_mb": 8, "matmul_n": 256},
 TINY_NOTE = ("size tiny: toy shapes that only check the benchmark runs. Their times, rates and "
              "% of ceiling measure per-call overhead, not the kernels or the machine; use "
              "--size full (the default) for real figures.")
-
-
-def _median_seconds(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def copy_ceilings_gbps(megabytes, warmup=2, reps=5):
@@ -60,8 +48,8 @@ def copy_ceilings_gbps(megabytes, warmup=2, reps=5):
                                           src[bounds[i]:bounds[i + 1]]), range(threads)))
 
     try:
-        single = _median_seconds(lambda: np.copyto(dst, src), warmup, reps)
-        multi = _median_seconds(threaded, warmup, reps)
+        single = median_seconds(lambda: np.copyto(dst, src), warmup, reps)
+        multi = median_seconds(threaded, warmup, reps)
     finally:
         pool.shutdown()
     return 2 * src.nbytes / single / 1e9, 2 * src.nbytes / multi / 1e9
@@ -72,7 +60,7 @@ def matmul_ceiling_gflops(n, warmup=2, reps=5):
     a = tf.random.stateless_uniform([n, n], seed=[1, 2])
     b = tf.random.stateless_uniform([n, n], seed=[3, 4])
     mm = tf.function(tf.linalg.matmul)
-    t = _median_seconds(lambda: mm(a, b).numpy(), warmup, reps)
+    t = median_seconds(lambda: mm(a, b).numpy(), warmup, reps)
     return 2 * n ** 3 / t / 1e9
 
 
@@ -135,8 +123,8 @@ def bench_case(row, case, warmup, reps, ceilings, loop=0):
                       case.bytes_forward + case.bytes_backward,
                       case.flops_forward + case.flops_backward))
     for mode, fused, reference, nbytes, flops in modes:
-        t_fused = _median_seconds(lambda: _run(fused, case.args), warmup, reps) / per_call
-        t_ref = _median_seconds(lambda: _run(reference, case.args), warmup, reps) / per_call
+        t_fused = median_seconds(lambda: _run(fused, case.args), warmup, reps) / per_call
+        t_ref = median_seconds(lambda: _run(reference, case.args), warmup, reps) / per_call
         if row.bound == "memory":
             rate, unit, ceiling = nbytes / t_fused / 1e9, "GB/s", ceilings["copy_GBps"]
             threaded = rate / ceilings["copy_threaded_GBps"]

@@ -9,23 +9,12 @@ composite, matmul + SiLU + split, LayerNorm · U. Times the forward and the forw
 (gradients of every weight and of the input rows) inside tf.function.
 """
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
 
-
-def _median_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+from recops_tf._timing import median_seconds
 
 
 def bench_hstu_block(batch, max_len, d_model, heads, warmup, reps, seed=0):
@@ -56,8 +45,9 @@ def bench_hstu_block(batch, max_len, d_model, heads, warmup, reps, seed=0):
                 loss = tf.reduce_sum(b(x, training=True).values ** 2)
             return tape.gradient(loss, b.trainable_variables + [x.values])
 
-        results.append((fused, _median_ms(lambda: forward(x), warmup, reps),
-                        _median_ms(lambda: forward_backward(x), warmup, reps)))
+        results.append((fused, 1e3 * median_seconds(lambda: forward(x), warmup, reps),
+                        1e3 * median_seconds(lambda: forward_backward(x), warmup,
+                                                           reps)))
     label = f"HSTUBlock B={batch} L<={max_len} d_model={d_model} H={heads}"
     (_, f_fwd, f_all), (_, s_fwd, s_all) = results
     print(f"{label}: forward fused {f_fwd:.1f} ms, stock {s_fwd:.1f} ms, {s_fwd / f_fwd:.2f}x; "

@@ -328,16 +328,6 @@ def _scenario_strategy(group, out_dir):
          plain=plain(tf.constant(send, tf.float32), counts).numpy().astype(np.float64))
 
 
-def _median_seconds(fn, reps):
-    fn()  # warm-up (traces, connects)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def _scenario_bench(group, out_dir):
     """all_to_all of RECOPS_BENCH_MB per worker (1 KiB rows), an even or a skewed split
     (RECOPS_BENCH_SPLIT: rank d gets a share proportional to d + 1), against TensorFlow's equal
@@ -345,6 +335,7 @@ def _scenario_bench(group, out_dir):
     import tensorflow as tf
 
     from recops_tf import distributed as dist
+    from recops_tf._timing import median_seconds
 
     megabytes = float(os.environ.get("RECOPS_BENCH_MB", "64"))
     reps = int(os.environ.get("RECOPS_BENCH_REPS", "5"))
@@ -358,11 +349,11 @@ def _scenario_bench(group, out_dir):
     x = tf.random.uniform([rows, 256])
     a2a = tf.function(lambda x, c: dist.all_to_all(x, c)[0])
     equal = tf.function(group.all_to_all_equal)
-    seconds = _median_seconds(lambda: a2a(x, counts).numpy(), reps)
-    equal_seconds = _median_seconds(lambda: equal(x).numpy(), reps)
+    seconds = median_seconds(lambda: a2a(x, counts).numpy(), 1, reps)
+    equal_seconds = median_seconds(lambda: equal(x).numpy(), 1, reps)
     source = np.random.default_rng(0).random(rows * 256, dtype=np.float32)
     local = np.empty_like(source)
-    copy_seconds = _median_seconds(lambda: np.copyto(local, source), reps)
+    copy_seconds = median_seconds(lambda: np.copyto(local, source), 1, reps)
     save(out_dir, group.rank, seconds=np.array(seconds), equal_seconds=np.array(equal_seconds),
          copy_seconds=np.array(copy_seconds), payload_bytes=np.array(rows * 1024),
          moved_bytes=np.array(world * int(counts.max()) * 1024))
