@@ -112,7 +112,7 @@ CONFIG_OPTIONS = {
     "no_l2_norm": ("l2_norm", "off"), "no_relative_bias": ("relative_bias", "off"),
     "loss": ("loss", "value"), "negatives": ("num_negatives", "value"),
     "negatives_per": ("negatives_per", "value"),
-    "no_fused": ("use_fused", "off"),
+    "no_fused": ("use_fused", "off"), "precision": ("precision", "value"),
     "epochs": ("epochs", "value"), "batch_size": ("batch_size", "value"),
     "learning_rate": ("learning_rate", "value"), "patience": ("patience", "value"),
     "validation_metric": ("validation_metric", "value"), "exclude_seen": ("exclude_seen", "on"),
@@ -241,6 +241,8 @@ def _train(args, argv):
     print(f"data: {dataset.source}: {dataset.num_users} users, {dataset.num_items} items, "
           f"{sum(lengths)} interactions (history length {min(lengths)}-{max(lengths)})")
     kind = "fused ops" if config.use_fused else "stock TF (--no-fused)"
+    if config.precision != "f32":
+        kind += f", {config.precision} (mixed precision)"
     negatives = ("full softmax" if config.loss == "full" else
                  f"{config.loss} softmax, {config.num_negatives} negatives per "
                  f"{config.negatives_per}")
@@ -442,6 +444,9 @@ def _parser():
                        "step) or per position as generative-recommenders samples (P x N)")
     model.add_argument("--no-fused", action="store_true",
                        help="the same model from stock TF ops (parity and speed baseline)")
+    model.add_argument("--precision", choices=tuple(_module("training")["PRECISIONS"]),
+                       help="bf16: Keras' mixed_bfloat16 policy (the encoder and its kernels "
+                       "in bfloat16, variables and the retrieval head in float32)")
     fit = train.add_argument_group("training")
     fit.add_argument("--epochs", type=int, help="at most this many epochs")
     fit.add_argument("--batch-size", type=int, help="histories per step")

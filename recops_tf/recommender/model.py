@@ -114,9 +114,12 @@ class GenerativeRecommender(keras.Model):
         if not isinstance(items, tf.RaggedTensor):
             raise TypeError("GenerativeRecommender takes ragged [B, (L)] items and timestamps "
                             f"(tf.RaggedTensor), got {type(items).__name__}")
-        x = self._raw_embed(items, training).flat_values * (self.d_model ** 0.5)
+        # The encoder runs in the compute dtype (bfloat16 under Keras' mixed_bfloat16 policy:
+        # the fused kernels' bf16 path), the retrieval head in float32 (the item table's).
+        compute = self.compute_dtype
+        x = tf.cast(self._raw_embed(items, training).flat_values, compute) * (self.d_model ** 0.5)
         position = tf.ragged.range(items.row_lengths()).flat_values
-        x = self.input_dropout(x + self.positions(position), training=training)
+        x = self.input_dropout(x + tf.cast(self.positions(position), compute), training=training)
         x = items.with_flat_values(x)
         if self.encoder == "hstu":
             for block in self.blocks:
@@ -128,11 +131,11 @@ class GenerativeRecommender(keras.Model):
             for block in self.blocks:
                 dense = block(dense, training=training)
             x = tf.RaggedTensor.from_tensor(dense, lengths=lengths)
-        states = x.flat_values
+        states = tf.cast(x.flat_values, tf.float32)
         if self.l2_norm:  # the paper's head: no final LayerNorm, an l2 norm
             states = tf.math.l2_normalize(states, axis=-1, epsilon=1e-12)
         else:
-            states = self.final_norm(states)
+            states = tf.cast(self.final_norm(states), tf.float32)
         return items.with_flat_values(states)
 
     # -- the retrieval head -----------------------------------------------------------------

@@ -39,6 +39,7 @@ class Config:
     negatives_per: str = "sequence"  # or "position" (a set per position, as GR samples)
     relative_bias: bool = True
     use_fused: bool = True
+    precision: str = "f32"  # or "bf16": Keras' mixed_bfloat16 (bf16 compute, f32 variables)
     seed: int = 0
     patience: int = 10  # epochs without a better validation metric before stopping (0: never)
     validation_metric: str = "ndcg@10"
@@ -64,6 +65,9 @@ class Config:
                      "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got "
+                             f"{self.precision!r}")
         if self.negatives_per not in ("sequence", "position"):
             raise ValueError(f"negatives_per must be 'sequence' or 'position', got "
                              f"{self.negatives_per!r}")
@@ -91,13 +95,25 @@ PRESETS = {
 }
 
 
+# Config.precision -> the Keras dtype policy the model is built under.
+PRECISIONS = {"f32": "float32", "bf16": "mixed_bfloat16"}
+
+
 def build_model(config, num_items):
-    return GenerativeRecommender(
-        num_items, encoder=config.encoder, d_model=config.d_model, num_blocks=config.num_blocks,
-        num_heads=config.num_heads, head_dim=config.head_dim, max_seq_len=config.max_seq_len,
-        dropout_rate=config.dropout_rate, l2_norm=config.l2_norm,
-        temperature=config.temperature, relative_bias=config.relative_bias,
-        use_fused=config.use_fused, seed=config.seed)
+    """The model of ``config``, its layers built under the dtype policy of
+    ``config.precision`` (the global policy is restored afterwards)."""
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(PRECISIONS[config.precision])
+    try:
+        return GenerativeRecommender(
+            num_items, encoder=config.encoder, d_model=config.d_model,
+            num_blocks=config.num_blocks, num_heads=config.num_heads,
+            head_dim=config.head_dim, max_seq_len=config.max_seq_len,
+            dropout_rate=config.dropout_rate, l2_norm=config.l2_norm,
+            temperature=config.temperature, relative_bias=config.relative_bias,
+            use_fused=config.use_fused, seed=config.seed)
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
 
 
 _SPEC = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
