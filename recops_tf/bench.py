@@ -55,10 +55,11 @@ def copy_ceilings_gbps(megabytes, warmup=2, reps=5):
     return 2 * src.nbytes / single / 1e9, 2 * src.nbytes / multi / 1e9
 
 
-def matmul_ceiling_gflops(n, warmup=2, reps=5):
-    """Large float32 tf.linalg.matmul, GFLOP/s."""
-    a = tf.random.stateless_uniform([n, n], seed=[1, 2])
-    b = tf.random.stateless_uniform([n, n], seed=[3, 4])
+def matmul_ceiling_gflops(n, warmup=2, reps=5, dtype=tf.float32):
+    """Large tf.linalg.matmul of ``dtype`` (TensorFlow's oneDNN: AMX or AVX512-BF16 for
+    bfloat16 where the CPU has them), GFLOP/s."""
+    a = tf.cast(tf.random.stateless_uniform([n, n], seed=[1, 2]), dtype)
+    b = tf.cast(tf.random.stateless_uniform([n, n], seed=[3, 4]), dtype)
     mm = tf.function(tf.linalg.matmul)
     t = median_seconds(lambda: mm(a, b).numpy(), warmup, reps)
     return 2 * n ** 3 / t / 1e9
@@ -103,7 +104,7 @@ def _looped(fn, steps):
     return loop
 
 
-def bench_case(row, case, warmup, reps, ceilings, loop=0):
+def bench_case(row, case, warmup, reps, ceilings, loop=0, dtype=tf.float32):
     """Rows (dicts) for one case: forward, and forward+backward when differentiable; a
     stateful stem's case is one step (a table lookup or update, an optimizer step), timed per
     call, or per step in a graph loop of `loop` steps when `loop` > 0."""
@@ -128,8 +129,9 @@ def bench_case(row, case, warmup, reps, ceilings, loop=0):
         if row.bound == "memory":
             rate, unit, ceiling = nbytes / t_fused / 1e9, "GB/s", ceilings["copy_GBps"]
             threaded = rate / ceilings["copy_threaded_GBps"]
-        else:
-            rate, unit, ceiling = flops / t_fused / 1e9, "GFLOP/s", ceilings["matmul_GFLOPs"]
+        else:  # against the matmul of the case's dtype (bf16's where the kernels run bf16)
+            key = "matmul_bf16_GFLOPs" if tf.as_dtype(dtype) == tf.bfloat16 else "matmul_GFLOPs"
+            rate, unit, ceiling = flops / t_fused / 1e9, "GFLOP/s", ceilings[key]
             threaded = None
         results.append({
             "stem": row.stem, "case": case.label, "mode": mode,
@@ -152,7 +154,9 @@ def run(stems=None, size="full", warmup=2, reps=10, json_path=None, progress=Tru
     sizes = CEILING_SIZES[size]
     copy_1t, copy_nt = copy_ceilings_gbps(sizes["copy_mb"])
     ceilings = {"copy_GBps": copy_1t, "copy_threaded_GBps": copy_nt,
-                "matmul_GFLOPs": matmul_ceiling_gflops(sizes["matmul_n"])}
+                "matmul_GFLOPs": matmul_ceiling_gflops(sizes["matmul_n"]),
+                "matmul_bf16_GFLOPs": matmul_ceiling_gflops(sizes["matmul_n"],
+                                                            dtype=tf.bfloat16)}
     work = [(row, shape) for row in rows for shape in row.bench[size]]
     bar = None
     if progress:
@@ -162,7 +166,7 @@ def run(stems=None, size="full", warmup=2, reps=10, json_path=None, progress=Tru
     results = []
     for i, (row, shape) in enumerate(work):
         case = cases.build(row.stem, shape, dtype=tf.as_dtype(dtype))
-        results += bench_case(row, case, warmup, reps, ceilings, loop)
+        results += bench_case(row, case, warmup, reps, ceilings, loop, dtype)
         if bar is not None:
             bar.update(i + 1)
     report = {
@@ -183,8 +187,10 @@ def format_table(report):
     lines = [TINY_NOTE] if report.get("size") == "tiny" else []
     lines += [f"ceilings: copy {c['copy_GBps']:.1f} GB/s one thread, "
               f"{c['copy_threaded_GBps']:.1f} GB/s all cores (read+write); "
-              f"matmul {c['matmul_GFLOPs']:.0f} GFLOP/s",
-              "% ceil: of the one-thread copy (memory-bound) or the matmul (compute-bound); "
+              f"matmul {c['matmul_GFLOPs']:.0f} GFLOP/s float32, "
+              f"{c.get('matmul_bf16_GFLOPs', float('nan')):.0f} GFLOP/s bfloat16",
+              "% ceil: of the one-thread copy (memory-bound) or the matmul of the case's dtype "
+              "(compute-bound); "
               "% all-core copy: of the all-core copy",
               f"{'stem':<22} {'case':<40} {'mode':<17} {'fused ms':>9} {'ref ms':>9} "
               f"{'speedup':>8} {'rate':>14} {'% ceil':>7} {'% all-core copy':>16}"]
@@ -203,7 +209,9 @@ def markdown_table(report):
     c = report["ceilings"]
     lines = [f"Measured ceilings: copy {c['copy_GBps']:.1f} GB/s one thread, "
              f"{c['copy_threaded_GBps']:.1f} GB/s all cores; matmul "
-             f"{c['matmul_GFLOPs']:.0f} GFLOP/s. TensorFlow {report['machine']['tensorflow']}, "
+             f"{c['matmul_GFLOPs']:.0f} GFLOP/s float32, "
+             f"{c.get('matmul_bf16_GFLOPs', float('nan')):.0f} GFLOP/s bfloat16. "
+             f"TensorFlow {report['machine']['tensorflow']}, "
              f"size {report['size']}, median of {report['reps']}"
              + (f", stateful steps in graph loops of {report['loop']}" if report.get("loop")
                 else "") + ".",
@@ -268,7 +276,10 @@ def main(argv=None):
     parser.add_argument("--size", choices=sorted(CEILING_SIZES), default="full")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32",
+                        choices=("float32", "bfloat16", "float16", "float64"),
+                        help="the cases' value dtype (compute-bound rows are measured against "
+                        "the matmul ceiling of float32, or of bfloat16 for bfloat16)")
     parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
     parser.add_argument("--loop", type=int, default=0, metavar="STEPS",
                         help="time the stateful stems' steps (table lookups and updates, "

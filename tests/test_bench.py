@@ -22,6 +22,16 @@ def test_tiny_benchmark_covers_every_stem(tmp_path):
     assert all(row.stem in table for row in _ops_table.OPS)
 
 
+def test_bfloat16_rows_are_measured_against_the_bfloat16_matmul():
+    report = bench.run(["in_linear_silu", "ln_mul"], size="tiny", warmup=0, reps=1,
+                       progress=False, dtype="bfloat16")
+    c = report["ceilings"]
+    assert c["matmul_bf16_GFLOPs"] > 0 and "bfloat16" in bench.format_table(report)
+    for r in report["rows"]:
+        ceiling = c["matmul_bf16_GFLOPs"] if r["unit"] == "GFLOP/s" else c["copy_GBps"]
+        assert abs(r["fraction_of_ceiling"] - r["rate"] / ceiling) < 1e-9 * r["rate"] / ceiling
+
+
 def test_cli_runs_one_stem(tmp_path, capsys):
     path = tmp_path / "b.json"
     assert cli.main(["bench", "reverse_sequence", "--size", "tiny", "--reps", "1", "--warmup",
@@ -39,9 +49,10 @@ def test_layer_benchmark_runs_on_a_tiny_block(capsys):
     spec = importlib.util.spec_from_file_location("bench_layers", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main(["--batch", "2", "--max-len", "8", "--d-model", "8", "--heads", "2",
-                        "--warmup", "0", "--reps", "1"]) == 0
-    assert "HSTUBlock B=2" in capsys.readouterr().out
+    for precision in ("f32", "bf16"):
+        assert module.main(["--batch", "2", "--max-len", "8", "--d-model", "8", "--heads", "2",
+                            "--warmup", "0", "--reps", "1", "--precision", precision]) == 0
+        assert f"HSTUBlock {precision} B=2" in capsys.readouterr().out
 
 
 def test_loop_mode_runs_the_step_once_per_iteration():
