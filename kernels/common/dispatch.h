@@ -4,22 +4,47 @@
 #ifndef RECOPS_KERNELS_COMMON_DISPATCH_H_
 #define RECOPS_KERNELS_COMMON_DISPATCH_H_
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/common/microkernels.h"
 
 namespace recops {
 
-// The best instruction set of this CPU (AVX-512 needs F, BW, DQ, VL and CD).
+// The instruction set the hot loops use: the best of this CPU (AVX-512 needs F, BW, DQ, VL and
+// CD), or a lower one named by the environment variable RECOPS_ISA ("avx512", "avx2" or
+// "baseline"; read once, at the first kernel that dispatches), so that one machine runs and
+// cross-checks every path it has. A path the CPU lacks, or an unknown name, is not taken: the
+// best path runs. The choice is printed once to stderr when RECOPS_ISA is set.
 inline Isa BestIsa() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   static const Isa best = [] {
     __builtin_cpu_init();
+    Isa cpu = Isa::kBase;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512cd")) {
-      return Isa::kAvx512;
+      cpu = Isa::kAvx512;
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      cpu = Isa::kAvx2;
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
-    return Isa::kBase;
+    static const char* const kNames[] = {"baseline", "avx2", "avx512"};
+    const char* wanted = std::getenv("RECOPS_ISA");
+    if (wanted == nullptr || *wanted == '\0') return cpu;
+    Isa chosen = cpu;
+    const char* why = "unknown name: the CPU's best path runs";
+    for (int i = 0; i < 3; ++i) {
+      if (std::strcmp(wanted, kNames[i]) == 0) {
+        const Isa isa = static_cast<Isa>(i);
+        why = isa <= cpu ? "" : "this CPU lacks it: the CPU's best path runs";
+        if (isa <= cpu) chosen = isa;
+      }
+    }
+    std::fprintf(stderr, "recops_tf: RECOPS_ISA=%s: %s path (CPU best: %s)%s%s\n", wanted,
+                 kNames[static_cast<int>(chosen)], kNames[static_cast<int>(cpu)], *why ? "; " : "",
+                 why);
+    return chosen;
   }();
   return best;
 #else
