@@ -126,7 +126,7 @@ def bench_case(row, case, warmup, reps, ceilings, loop=0, dtype=tf.float32):
     for mode, fused, reference, nbytes, flops in modes:
         t_fused = median_seconds(lambda: _run(fused, case.args), warmup, reps) / per_call
         t_ref = median_seconds(lambda: _run(reference, case.args), warmup, reps) / per_call
-        if row.bound == "memory":
+        if (case.bound or row.bound) == "memory":
             rate, unit, ceiling = nbytes / t_fused / 1e9, "GB/s", ceilings["copy_GBps"]
             threaded = rate / ceilings["copy_threaded_GBps"]
         else:  # against the matmul of the case's dtype (bf16's where the kernels run bf16)

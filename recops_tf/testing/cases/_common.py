@@ -29,6 +29,9 @@ class Case:
     # smoke test traces and runs it).
     state: Callable = None
     auxiliary: Callable = None
+    # "memory" or "compute" where this case is bound otherwise than its stem's row says (the
+    # paged KV-cache forward: a decode step reads the whole cache for a few queries).
+    bound: str = None
 
     @property
     def benchmark_baseline(self):

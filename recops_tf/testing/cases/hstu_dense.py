@@ -110,5 +110,10 @@ def _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, 
                                   num_target=ints(targets), target_group_size=1)
 
     flops = int(2 * heads * 2 * dim * np.sum(new * (cache_len + targets)))
+    # Memory-bound (a few queries per sequence against its whole cache): the bytes a step must
+    # move are the cached keys and values it reads, q, k, v and the output.
+    row_bytes = heads * dim * tf.as_dtype(dtype).size
+    cache_read = int(2 * cache_len.sum()) * row_bytes
     return Case(f"paged B={batch} cache<={max_len} H={heads} D={dim} page={page_size}", fused,
-                reference, [q, k, v, cache], [], tensor_bytes(q, k, v), 0, flops_forward=flops)
+                reference, [q, k, v, cache], [], cache_read + 4 * int(new.sum()) * row_bytes, 0,
+                flops_forward=flops, bound="memory")
