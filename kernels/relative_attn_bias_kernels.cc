@@ -252,21 +252,115 @@ class RelativeAttnBiasPosOp : public OpKernel {
   }
 };
 
+// The gradient of RelativeAttnBiasPos in one pass over grad. Each work item owns a block of
+// kColumns columns of both outputs (no two items write one element) and walks every (b, i) in
+// order: the sums, and the corner sum (added to d_rel_pos_bias[0, 0] block by block in column
+// order), have a fixed order whatever the thread count.
+template <typename T, typename Tidx>
+class RelativeAttnBiasPosBackwardOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    using Acc = AccumT<T>;
+    constexpr int64_t kColumns = 64;
+    const Tensor& grad = ctx->input(0);
+    const Tensor& pos = ctx->input(1);
+    const Tensor& identity = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckRank(grad, "grad", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(pos, "rel_pos_bias", 2));
+    OP_REQUIRES_OK(ctx, CheckRank(identity, "identity", 2));
+    const int64_t n = pos.dim_size(0);
+    OP_REQUIRES(ctx, pos.dim_size(1) == n && identity.shape() == pos.shape(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "rel_pos_bias and identity must be square and of one shape, got ",
+                    pos.shape().DebugString(), " and ", identity.shape().DebugString())));
+    std::vector<int64_t> lens;
+    OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(3), "past_valid_lens", &lens));
+    const int64_t batch = static_cast<int64_t>(lens.size());
+    OP_REQUIRES(ctx, grad.dim_size(0) == batch && grad.dim_size(1) == n && grad.dim_size(2) == n,
+                absl::InvalidArgumentError(
+                    absl::StrCat("grad must have the forward output's shape [", batch, ", ", n,
+                                 ", ", n, "], got ", grad.shape().DebugString())));
+    for (int64_t b = 0; b < batch; ++b) {
+      OP_REQUIRES(ctx, lens[b] >= 0 && lens[b] <= n,
+                  absl::InvalidArgumentError(
+                      absl::StrCat("past_valid_lens[", b, "] = ", lens[b], " must lie in [0, ", n,
+                                   "] (a row of rel_pos_bias, or n: no clamping)")));
+    }
+    Tensor *d_pos = nullptr, *d_id = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, pos.shape(), &d_pos));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, pos.shape(), &d_id));
+    if (n == 0) return;
+    const T* g = grad.flat<T>().data();
+    const T* p = pos.flat<T>().data();
+    const T* id = identity.flat<T>().data();
+    T* dp = d_pos->flat<T>().data();
+    T* di = d_id->flat<T>().data();
+    const Acc p00 = ToAcc<T, Acc>(p[0]);
+    const int64_t blocks = (n + kColumns - 1) / kColumns;
+    std::vector<Acc> corner(blocks, Acc(0));
+    Acc p00_sum = 0;  // d_rel_pos_bias[0, 0] before the corner sum (block 0 writes it)
+    ParallelFor(ctx, blocks, (batch + 2) * n * kColumns * 8, [&](int64_t k0, int64_t k1) {
+      std::vector<Acc> acc_p(n * kColumns), acc_i(n * kColumns), e(kColumns);
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t j0 = k * kColumns, w = std::min(kColumns, n - j0);
+        std::fill(acc_p.begin(), acc_p.end(), Acc(0));
+        std::fill(acc_i.begin(), acc_i.end(), Acc(0));
+        Acc c = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < w; ++j) e[j] = ToAcc<T, Acc>(id[i * n + j0 + j]);
+          Acc* ai = acc_i.data() + i * kColumns;
+          for (int64_t b = 0; b < batch; ++b) {
+            const int64_t r = i < lens[b] ? i : lens[b];
+            const T* grow = g + (b * n + i) * n + j0;
+            const T* prow = p + r * n + j0;
+            Acc* ap = acc_p.data() + r * kColumns;
+            for (int64_t j = 0; j < w; ++j) {
+              const Acc gv = ToAcc<T, Acc>(grow[j]);
+              ap[j] += gv * (Acc(1) - e[j]);
+              ai[j] += gv * (p00 - ToAcc<T, Acc>(prow[j]));
+              c += gv * e[j];
+            }
+          }
+        }
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t j = 0; j < w; ++j) {
+            dp[r * n + j0 + j] = FromAcc<T, Acc>(acc_p[r * kColumns + j]);
+            di[r * n + j0 + j] = FromAcc<T, Acc>(acc_i[r * kColumns + j]);
+          }
+        }
+        corner[k] = c;
+        if (k == 0) p00_sum = acc_p[0];
+      }
+    });
+    // d_rel_pos_bias[0, 0] gets the corner sum, in block order, before its one rounding.
+    Acc total = p00_sum;
+    for (int64_t k = 0; k < blocks; ++k) total += corner[k];
+    dp[0] = FromAcc<T, Acc>(total);
+  }
+};
+
 #define REGISTER_T(T)                                             \
   REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasBackward") \
                               .Device(tensorflow::DEVICE_CPU)     \
                               .TypeConstraint<T>("T"),            \
                           RelativeAttnBiasBackwardOp<T>);
-#define REGISTER_T_IDX(T, Tidx)                               \
-  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasTime") \
-                              .Device(tensorflow::DEVICE_CPU) \
-                              .TypeConstraint<T>("T")         \
-                              .TypeConstraint<Tidx>("Tidx"),  \
-                          RelativeAttnBiasTimeOp<T, Tidx>);   \
-  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasPos")  \
-                              .Device(tensorflow::DEVICE_CPU) \
-                              .TypeConstraint<T>("T")         \
-                              .TypeConstraint<Tidx>("Tidx"),  \
+#define REGISTER_T_IDX(T, Tidx)                                      \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasTime")        \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<Tidx>("Tidx"),         \
+                          RelativeAttnBiasTimeOp<T, Tidx>);          \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasPosBackward") \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<Tidx>("Tidx"),         \
+                          RelativeAttnBiasPosBackwardOp<T, Tidx>);   \
+  REGISTER_KERNEL_BUILDER(Name("Recops>RelativeAttnBiasPos")         \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<Tidx>("Tidx"),         \
                           RelativeAttnBiasPosOp<T, Tidx>);
 #define REGISTER(T)          \
   REGISTER_T(T)              \

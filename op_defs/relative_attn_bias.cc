@@ -85,4 +85,32 @@ past_valid_lens[b], bias[b, i, j] = (1 - identity[i, j]) * rel_pos_bias[r, j] + 
 j] * rel_pos_bias[0, 0].
 )doc");
 
+REGISTER_OP("Recops>RelativeAttnBiasPosBackward")
+    .Input("grad: T")
+    .Input("rel_pos_bias: T")
+    .Input("identity: T")
+    .Input("past_valid_lens: Tidx")
+    .Output("d_rel_pos_bias: T")
+    .Output("d_identity: T")
+    .Attr("T: {float, half, bfloat16, double}")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle g, p, id, lens;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &g));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &p));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &id));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &lens));
+      TF_RETURN_IF_ERROR(c->Merge(p, id, &p));
+      c->set_output(0, p);
+      c->set_output(1, p);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of RelativeAttnBiasPos w.r.t. rel_pos_bias and identity, in one pass over grad
+[B, S2, S2]: d_rel_pos_bias[r, j] sums grad[b, i, j] * (1 - identity[i, j]) over the (b, i)
+that read row r, plus sum(grad * identity) at [0, 0]; d_identity[i, j] sums grad[b, i, j] *
+(rel_pos_bias[0, 0] - rel_pos_bias[r, j]) over b. Accumulated in float32 (float64 for double)
+in a fixed order: deterministic.
+)doc");
+
 }  // namespace recops

@@ -119,12 +119,14 @@ OPS = (
         stem="relative_attn_bias",
         seed_ops=("relative_attn_bias_time", "relative_attn_bias_pos",
                   "relative_attn_bias_backward"),
-        tf_ops=("RelativeAttnBiasTime", "RelativeAttnBiasBackward", "RelativeAttnBiasPos"),
+        tf_ops=("RelativeAttnBiasTime", "RelativeAttnBiasBackward", "RelativeAttnBiasPos",
+                "RelativeAttnBiasPosBackward"),
         public=("relative_attn_bias_time", "relative_attn_bias_backward",
                 "relative_attn_bias_pos", "toeplitz_position_bias"),
         gradient="time bias: RelativeAttnBiasBackward w.r.t. the weights (deterministic "
                  "scatter-add), whose own gradient is a gather (TF composite); position "
-                 "bias: TF composite (inference helper); toeplitz_position_bias is a composite",
+                 "bias: RelativeAttnBiasPosBackward (one pass, deterministic), second order "
+                 "raises; toeplitz_position_bias is a composite",
         reference=("relative_attn_bias_time", "relative_attn_bias_backward",
                    "relative_attn_bias_pos", "toeplitz_position_bias"),
         dtypes=FLOAT_DTYPES,

@@ -124,8 +124,9 @@ def relative_attn_bias_pos(rel_pos_bias, identity, past_valid_lens, name=None):
     Returns:
       ``[B, S2, S2]`` of ``rel_pos_bias``' dtype.
 
-    Gradient: w.r.t. ``rel_pos_bias`` and ``identity``, as a TF composite (this is an
-    inference helper; the training path is ``hstu_attention``'s bias); none for the lengths.
+    Gradient: w.r.t. ``rel_pos_bias`` and ``identity`` (``RelativeAttnBiasPosBackward``: one
+    pass over the upstream gradient, float32 accumulation, summed in a fixed order:
+    deterministic); none for the lengths. Second order: not implemented (raises).
 
     Raises:
       InvalidArgumentError: matrices not square or of different shapes, a length outside
@@ -222,13 +223,11 @@ def _relative_attn_bias_backward_grad(op, grad):
 @tf.RegisterGradient("Recops>RelativeAttnBiasPos")
 def _relative_attn_bias_pos_grad(op, grad):
     pos, identity, lens = op.inputs
-    n = tf.shape(pos)[0]
-    i = tf.range(n, dtype=tf.int64)[None, :]
-    rows = tf.where(i < tf.cast(lens, tf.int64)[:, None], i,
-                    tf.cast(lens, tf.int64)[:, None])  # [B, n]
-    gathered = tf.gather(pos, rows)  # [B, n, n]
-    d_identity = tf.reduce_sum(grad * (pos[0, 0] - gathered), axis=0)
-    d_pos = tf.math.unsorted_segment_sum(
-        tf.reshape(grad * (1 - identity)[None], [-1, n]), tf.reshape(rows, [-1]), n)
-    corner = tf.scatter_nd([[0, 0]], [tf.reduce_sum(grad * identity[None])], tf.shape(pos))
-    return [d_pos + corner, d_identity, None]
+    d_pos, d_identity = lib().recops_relative_attn_bias_pos_backward(grad, pos, identity, lens)
+    return [d_pos, d_identity, None]
+
+
+@tf.RegisterGradient("Recops>RelativeAttnBiasPosBackward")
+def _relative_attn_bias_pos_backward_grad(op, *grads):
+    raise NotImplementedError("second-order gradients of relative_attn_bias_pos are not "
+                              "implemented")

@@ -127,6 +127,42 @@ def test_pos_bias_matches_reference(dtype, index_dtype, mode):
                              ref.relative_attn_bias_pos, args, dtype)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_pos_bias_gradient_over_several_column_blocks(dtype):
+    """The fused backward (RelativeAttnBiasPosBackward) owns 64-column blocks: S2 = 140 is three
+    blocks, the last partial; lengths below, at and past S2's rows collapse rows onto one."""
+    p = random_values([140, 140], dtype, 4)
+    ident = tf.cast(tf.eye(140), dtype)
+    args = [p, ident, tf.constant([0, 1, 70, 139, 140], tf.int64)]
+    assert_gradients_match_reference(recops_tf.relative_attn_bias_pos,
+                                      ref.relative_attn_bias_pos, args, [0, 1], dtype,
+                                      reduction=5 * 140)
+
+
+def test_pos_bias_gradient_is_deterministic_and_second_order_raises():
+    p, ident = random_values([70, 70], tf.float32, 5), tf.eye(70)
+    lens = tf.constant([3, 70, 12], tf.int64)
+    grad = random_values([3, 70, 70], tf.float32, 6)
+    lib = recops_tf.ops._common.lib()
+    first = lib.recops_relative_attn_bias_pos_backward(grad, p, ident, lens)
+    for _ in range(3):
+        again = lib.recops_relative_attn_bias_pos_backward(grad, p, ident, lens)
+        assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(first, again))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="grad must have the forward"):
+        lib.recops_relative_attn_bias_pos_backward(grad[:, :69], p, ident, lens)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must lie in"):
+        lib.recops_relative_attn_bias_pos_backward(grad, p, ident, tf.constant([3, 71, 1],
+                                                                               tf.int64))
+    with tf.GradientTape() as outer:
+        outer.watch(p)
+        with tf.GradientTape() as inner:
+            inner.watch(p)
+            y = recops_tf.relative_attn_bias_pos(p, ident, lens)
+        g = inner.gradient(y, p)
+    with pytest.raises(NotImplementedError, match="second-order"):
+        outer.gradient(g, p)
+
+
 def test_pos_bias_blends_a_non_binary_identity():
     p = random_values([5, 5], tf.float32, 2)
     ident = random_values([5, 5], tf.float32, 3, low=0.0)
