@@ -198,6 +198,29 @@ class RelativeAttnBiasBackwardOp : public OpKernel {
   bool duplicate_ = true;
 };
 
+// The checks of RelativeAttnBiasPos and its backward: rel_pos_bias and identity square and of
+// one shape [n, n], every past_valid_lens entry in [0, n] (read into *lens).
+absl::Status ReadPosArgs(const Tensor& pos, const Tensor& identity, const Tensor& lens_t,
+                         std::vector<int64_t>* lens) {
+  TF_RETURN_IF_ERROR(CheckRank(pos, "rel_pos_bias", 2));
+  TF_RETURN_IF_ERROR(CheckRank(identity, "identity", 2));
+  const int64_t n = pos.dim_size(0);
+  if (pos.dim_size(1) != n || identity.shape() != pos.shape()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rel_pos_bias and identity must be square and of one shape, got ",
+                     pos.shape().DebugString(), " and ", identity.shape().DebugString()));
+  }
+  TF_RETURN_IF_ERROR(ReadInt64Vector(lens_t, "past_valid_lens", lens));
+  for (size_t b = 0; b < lens->size(); ++b) {
+    if ((*lens)[b] < 0 || (*lens)[b] > n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("past_valid_lens[", b, "] = ", (*lens)[b], " must lie in [0, ", n,
+                       "] (a row of rel_pos_bias, or n: no clamping)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename T, typename Tidx>
 class RelativeAttnBiasPosOp : public OpKernel {
  public:
@@ -207,21 +230,9 @@ class RelativeAttnBiasPosOp : public OpKernel {
     using Acc = AccumT<T>;
     const Tensor& pos = ctx->input(0);
     const Tensor& identity = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckRank(pos, "rel_pos_bias", 2));
-    OP_REQUIRES_OK(ctx, CheckRank(identity, "identity", 2));
-    const int64_t n = pos.dim_size(0);
-    OP_REQUIRES(ctx, pos.dim_size(1) == n && identity.shape() == pos.shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "rel_pos_bias and identity must be square and of one shape, got ",
-                    pos.shape().DebugString(), " and ", identity.shape().DebugString())));
     std::vector<int64_t> lens;
-    OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(2), "past_valid_lens", &lens));
-    for (size_t b = 0; b < lens.size(); ++b) {
-      OP_REQUIRES(ctx, lens[b] >= 0 && lens[b] <= n,
-                  absl::InvalidArgumentError(
-                      absl::StrCat("past_valid_lens[", b, "] = ", lens[b], " must lie in [0, ", n,
-                                   "] (a row of rel_pos_bias, or n: no clamping)")));
-    }
+    OP_REQUIRES_OK(ctx, ReadPosArgs(pos, identity, ctx->input(2), &lens));
+    const int64_t n = pos.dim_size(0);
     const int64_t batch = static_cast<int64_t>(lens.size());
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, n, n}), &out));
@@ -268,26 +279,14 @@ class RelativeAttnBiasPosBackwardOp : public OpKernel {
     const Tensor& pos = ctx->input(1);
     const Tensor& identity = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckRank(grad, "grad", 3));
-    OP_REQUIRES_OK(ctx, CheckRank(pos, "rel_pos_bias", 2));
-    OP_REQUIRES_OK(ctx, CheckRank(identity, "identity", 2));
-    const int64_t n = pos.dim_size(0);
-    OP_REQUIRES(ctx, pos.dim_size(1) == n && identity.shape() == pos.shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "rel_pos_bias and identity must be square and of one shape, got ",
-                    pos.shape().DebugString(), " and ", identity.shape().DebugString())));
     std::vector<int64_t> lens;
-    OP_REQUIRES_OK(ctx, ReadInt64Vector(ctx->input(3), "past_valid_lens", &lens));
+    OP_REQUIRES_OK(ctx, ReadPosArgs(pos, identity, ctx->input(3), &lens));
+    const int64_t n = pos.dim_size(0);
     const int64_t batch = static_cast<int64_t>(lens.size());
     OP_REQUIRES(ctx, grad.dim_size(0) == batch && grad.dim_size(1) == n && grad.dim_size(2) == n,
                 absl::InvalidArgumentError(
                     absl::StrCat("grad must have the forward output's shape [", batch, ", ", n,
                                  ", ", n, "], got ", grad.shape().DebugString())));
-    for (int64_t b = 0; b < batch; ++b) {
-      OP_REQUIRES(ctx, lens[b] >= 0 && lens[b] <= n,
-                  absl::InvalidArgumentError(
-                      absl::StrCat("past_valid_lens[", b, "] = ", lens[b], " must lie in [0, ", n,
-                                   "] (a row of rel_pos_bias, or n: no clamping)")));
-    }
     Tensor *d_pos = nullptr, *d_id = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, pos.shape(), &d_pos));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, pos.shape(), &d_id));
