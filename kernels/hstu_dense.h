@@ -37,7 +37,13 @@ struct HstuProblem {
   int64_t group = 0;                     // target_group_size
   HstuMask mask_type = HstuMask::kCausal;
   int64_t window_left = -1, window_right = -1;  // -1: unbounded
-  double alpha = 1.0, scale = 1.0;              // scale: silu_scale, already resolved
+  // generative-recommenders' mask rules instead of the Rec SDK's (mask_type kCausal or kNone,
+  // self-attention, no context counts / groups / windows): positions get GR's ids (GrId),
+  // visibility is GrVisible. gr_window: max_attn_len (0: unbounded); gr_context:
+  // contextual_seq_len; gr_full: min_full_attn_seq_len.
+  bool gr = false;
+  int64_t gr_window = 0, gr_context = 0, gr_full = 0;
+  double alpha = 1.0, scale = 1.0;  // scale: silu_scale, already resolved
   bool has_bias = false;
   // Fuxi-alpha: temporal and positional channels (HstuTensors::ts_bias, pos_bias), written
   // as channels 1 and 2 of [rows, 3, heads, dim] outputs.
@@ -58,6 +64,7 @@ struct HstuProblem {
 
 struct HstuSeq {
   int64_t lq, lk, delta, ctx, tgt;
+  int64_t gr_max;  // GR rules: the largest id (targets' id; the context rule's column bound)
 };
 
 inline HstuSeq SeqOf(const HstuProblem& p, int64_t b) {
@@ -65,13 +72,57 @@ inline HstuSeq SeqOf(const HstuProblem& p, int64_t b) {
   s.lq = p.off_q[b + 1] - p.off_q[b];
   s.lk = p.off_k[b + 1] - p.off_k[b];
   s.delta = s.lk - s.lq;
-  s.ctx = p.num_context ? p.num_context[b] : 0;
+  s.ctx = p.gr ? p.gr_context : p.num_context ? p.num_context[b] : 0;
   s.tgt = p.num_target ? p.num_target[b] : 0;
+  s.gr_max = s.lk - std::max<int64_t>(p.gr_context - 1, 0) - s.tgt;
   return s;
+}
+
+// GR's id of position `pos`: context positions share id 0 (history then counts from 1), and
+// every target gets the largest id s.gr_max. Non-decreasing in pos.
+RECOPS_INLINE int64_t GrId(const HstuProblem& p, const HstuSeq& s, int64_t pos) {
+  const int64_t id = p.gr_context > 0 ? std::max<int64_t>(pos - p.gr_context + 1, 0) : pos;
+  return std::min(id, s.gr_max);
+}
+
+// GR's rule for query i and key j (same sequence, self-attention): with d = id(i) - id(j)
+// (|d| non-causal), visible on the diagonal or where d > 0; a window keeps d <= max_attn_len
+// except on rows whose id is within min_full_attn_seq_len of the largest; context rows (id 0)
+// also see every key of id < gr_max.
+RECOPS_INLINE bool GrVisible(const HstuProblem& p, const HstuSeq& s, int64_t i, int64_t j) {
+  const int64_t ri = GrId(p, s, i), cj = GrId(p, s, j);
+  int64_t d = ri - cj;
+  if (p.mask_type == HstuMask::kNone && d < 0) d = -d;
+  bool vis = i == j || d > 0;
+  if (p.gr_window > 0 && d > p.gr_window && !(p.gr_full > 0 && ri >= s.gr_max - p.gr_full)) {
+    vis = false;
+  }
+  if (p.gr_context > 0 && ri == 0 && cj < s.gr_max) vis = true;
+  return vis;
+}
+
+// GR rules: true if row i's visible keys are one interval [lo, hi] (a history row: its id is
+// its own, from 1 to gr_max - 1); context and target rows are evaluated key by key.
+RECOPS_INLINE bool GrRowInterval(const HstuProblem& p, const HstuSeq& s, int64_t i, int64_t* lo,
+                                 int64_t* hi) {
+  const int64_t ri = GrId(p, s, i);
+  if (ri < 1 || ri >= s.gr_max) return false;
+  const int64_t shift = std::max<int64_t>(p.gr_context - 1, 0);  // position = id + shift
+  const bool windowed = p.gr_window > 0 && !(p.gr_full > 0 && ri >= s.gr_max - p.gr_full);
+  const int64_t first = ri - p.gr_window;  // the smallest id in the window
+  *lo = !windowed || first <= 0 ? 0 : first + shift;
+  if (p.mask_type == HstuMask::kCausal) {
+    *hi = i;
+  } else {
+    const int64_t last = ri + p.gr_window;  // the largest id in the window
+    *hi = !windowed || last >= s.gr_max ? s.lk - 1 : last + shift;
+  }
+  return true;
 }
 
 // Whether query i may see key j (before a custom mask's value multiplies), spec §1 and §6.
 RECOPS_INLINE bool HstuVisible(const HstuProblem& p, const HstuSeq& s, int64_t i, int64_t j) {
+  if (p.gr) return GrVisible(p, s, i, j);
   bool vis = true;
   if (p.mask_type == HstuMask::kCausal) {
     if (s.ctx > 0 && i < s.ctx) {
@@ -102,6 +153,18 @@ RECOPS_INLINE bool HstuPlainRow(const HstuProblem& p, const HstuSeq& s, int64_t 
 inline bool HstuTileMaybeVisible(const HstuProblem& p, const HstuSeq& s, int64_t i0, int64_t i1,
                                  int64_t j0, int64_t j1) {
   const int64_t last_i = i1 - 1, last_j = j1 - 1;
+  if (p.gr) {
+    if (i0 < j1 && j0 < i1) return true;  // a diagonal entry
+    if (p.gr_context > 0 && GrId(p, s, i0) == 0 && GrId(p, s, j0) < s.gr_max) return true;
+    // Every pair's d lies in [d_min, d_max] (ids do not decrease).
+    const int64_t d_min = GrId(p, s, i0) - GrId(p, s, last_j);
+    const int64_t d_max = GrId(p, s, last_i) - GrId(p, s, j0);
+    const bool unbounded =
+        p.gr_window == 0 || (p.gr_full > 0 && GrId(p, s, last_i) >= s.gr_max - p.gr_full);
+    const bool ahead = d_max > 0 && (unbounded || d_min <= p.gr_window);
+    if (p.mask_type == HstuMask::kCausal) return ahead;
+    return ahead || (d_min < 0 && (unbounded || d_max >= -p.gr_window));
+  }
   if (p.window_left >= 0 && last_j < i0 + s.delta - p.window_left) return false;
   if (p.window_right >= 0 && j0 > last_i + s.delta + p.window_right) return false;
   if (p.mask_type == HstuMask::kCausal) {
@@ -115,6 +178,14 @@ inline bool HstuTileMaybeVisible(const HstuProblem& p, const HstuSeq& s, int64_t
 inline bool HstuTileFullyVisible(const HstuProblem& p, const HstuSeq& s, int64_t i0, int64_t i1,
                                  int64_t j0, int64_t j1) {
   const int64_t last_i = i1 - 1, last_j = j1 - 1;
+  if (p.gr) {  // every pair with d != 0 (d > 0 causal) inside the window
+    const int64_t d_min = GrId(p, s, i0) - GrId(p, s, last_j);
+    const int64_t d_max = GrId(p, s, last_i) - GrId(p, s, j0);
+    const bool unbounded =
+        p.gr_window == 0 || (p.gr_full > 0 && GrId(p, s, i0) >= s.gr_max - p.gr_full);
+    if (d_min > 0) return unbounded || d_max <= p.gr_window;
+    return p.mask_type == HstuMask::kNone && d_max < 0 && (unbounded || -d_min <= p.gr_window);
+  }
   if (p.window_left >= 0 && j0 < last_i + s.delta - p.window_left) return false;
   if (p.window_right >= 0 && last_j > i0 + s.delta + p.window_right) return false;
   if (p.mask_type == HstuMask::kCausal) {
@@ -272,6 +343,18 @@ inline void VisibleRange(const HstuProblem& p, const HstuSeq& s, bool kv_side, i
   }
 }
 
+// The rows of tile (i0.., j0..) worth scoring: mq, or, when only the leading context rows can
+// see the tile (the context rule lets them see keys the later rows do not), those rows
+// rounded up to the GEMM's row block. The rows left out are invisible in this tile: their
+// P and dS are zero, so dropping them changes no sum.
+template <Isa I>
+RECOPS_INLINE int64_t HstuTileRows(const HstuProblem& p, const HstuSeq& s, int64_t i0, int64_t mq,
+                                   int64_t j0, int64_t nk) {
+  if (s.ctx <= i0 || s.ctx >= i0 + mq) return mq;
+  if (HstuTileMaybeVisible(p, s, s.ctx, i0 + mq, j0, j0 + nk)) return mq;
+  return std::min(mq, RoundRows<I>(s.ctx - i0));
+}
+
 // Mask factors (scale · mask value · visibility) for row i of a tile, columns j0..j0+nk.
 template <typename T, typename Acc>
 RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
@@ -280,9 +363,12 @@ RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const 
   const T* mask_row = p.mask_type == HstuMask::kCustom
                           ? t.mask + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0
                           : nullptr;
+  int64_t gr_lo = 0, gr_hi = 0;
   if (full) {
     for (int64_t c = 0; c < nk; ++c) m[c] = scale;
-  } else if (HstuPlainRow(p, s, i, j0 + nk)) {
+  } else if (p.gr && GrRowInterval(p, s, i, &gr_lo, &gr_hi)) {
+    for (int64_t c = 0; c < nk; ++c) m[c] = j0 + c >= gr_lo && j0 + c <= gr_hi ? scale : Acc(0);
+  } else if (!p.gr && HstuPlainRow(p, s, i, j0 + nk)) {
     // Visible columns form one interval [lo, hi] (causal and window bounds only).
     int64_t lo = 0, hi = nk - 1;
     if (p.mask_type == HstuMask::kCausal) hi = std::min(hi, i + s.delta - j0);
@@ -572,16 +658,17 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
       const int64_t nk = std::min(kTile, s.lk - j0), tile = (j0 - j_lo) / kTile;
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, q, kt + tile * kTile * p.dim_qk,
+      const int64_t rows = HstuTileRows<I>(p, s, i0, mq, j0, nk);
+      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, rows, j0, nk, q, kt + tile * kTile * p.dim_qk,
                             nullptr, nullptr, w);
-      ScoresTimes<Acc, I>(w, w.s, mq, nk, v + tile * kTile * p.dim_v, p.dim_v, o);
+      ScoresTimes<Acc, I>(w, w.s, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o);
       if (p.fuxi_bias) {
         // The raw masked biases as attention weights (w.dp is free in the forward).
-        FuxiBiasTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk,
+        FuxiBiasTile<T, Acc>(p, t, s, item.b, h, i0, rows, j0, nk,
                              t.ts_bias + item.b * p.max_q * p.max_k, w.dp, w);
-        ScoresTimes<Acc, I>(w, w.dp, mq, nk, v + tile * kTile * p.dim_v, p.dim_v, o_t);
-        FuxiBiasTile<T, Acc>(p, t, s, item.b, h, i0, mq, j0, nk, t.pos_bias, w.dp, w);
-        ScoresTimes<Acc, I>(w, w.dp, mq, nk, v + tile * kTile * p.dim_v, p.dim_v, o_p);
+        ScoresTimes<Acc, I>(w, w.dp, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o_t);
+        FuxiBiasTile<T, Acc>(p, t, s, item.b, h, i0, rows, j0, nk, t.pos_bias, w.dp, w);
+        ScoresTimes<Acc, I>(w, w.dp, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o_p);
       }
     }
     for (int64_t c = 0; c < channels; ++c) {
@@ -789,7 +876,8 @@ RECOPS_INLINE void HstuBackwardKvItem(const HstuProblem& p, const HstuTensors<T>
       for (int64_t i0 = i_lo; i0 < i_hi; i0 += kTile) {
         const int64_t mq = std::min(kTile, s.lq - i0);
         if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-        BackwardTileKv<T, Acc, I>(p, t, s, item.b, kv * group + g, i0, mq, j0, nk, pk.Q(g, i0),
+        BackwardTileKv<T, Acc, I>(p, t, s, item.b, kv * group + g, i0,
+                                  HstuTileRows<I>(p, s, i0, mq, j0, nk), j0, nk, pk.Q(g, i0),
                                   pk.Do(g, i0), pk.Kt(j0), pk.Vt(j0), w, dk, dv);
       }
     }
@@ -820,9 +908,10 @@ RECOPS_INLINE void HstuBackwardQItem(const HstuProblem& p, const HstuTensors<T>&
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kTile) {
       const int64_t nk = std::min(kTile, s.lk - j0);
       if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
-      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, mq, j0, nk, pk.Q(h - kv * group, i0), pk.Kt(j0),
-                            pk.Do(h - kv * group, i0), pk.Vt(j0), w);
-      BackwardTileQ<T, Acc, I>(p, t, item.b, h, i0, mq, j0, nk, pk.K(j0), w, dq);
+      const int64_t rows = HstuTileRows<I>(p, s, i0, mq, j0, nk);
+      TileScores<T, Acc, I>(p, t, s, item.b, h, i0, rows, j0, nk, pk.Q(h - kv * group, i0),
+                            pk.Kt(j0), pk.Do(h - kv * group, i0), pk.Vt(j0), w);
+      BackwardTileQ<T, Acc, I>(p, t, item.b, h, i0, rows, j0, nk, pk.K(j0), w, dq);
     }
     StoreRows(dq, mq, p.dim_qk, t.dq, p.heads_q, h, p.off_q[item.b] + i0);
   }
@@ -859,8 +948,8 @@ RECOPS_INLINE void HstuBackwardSeqHead(const HstuProblem& p, const HstuTensors<T
     for (int64_t g = 0; g < group; ++g) {
       const int64_t h = kv * group + g;
       for (int64_t i0 = 0; i0 < s.lq; i0 += kTile) {
-        const int64_t mq = std::min(kTile, s.lq - i0);
-        if (!HstuTileMaybeVisible(p, s, i0, i0 + mq, j0, j0 + nk)) continue;
+        if (!HstuTileMaybeVisible(p, s, i0, std::min(i0 + kTile, s.lq), j0, j0 + nk)) continue;
+        const int64_t mq = HstuTileRows<I>(p, s, i0, std::min(kTile, s.lq - i0), j0, nk);
         BackwardTileKv<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, pk.Q(g, i0), pk.Do(g, i0),
                                   pk.Kt(j0), pk.Vt(j0), w, dk, dv);
         BackwardTileQ<T, Acc, I>(p, t, b, h, i0, mq, j0, nk, pk.K(j0), w,

@@ -71,6 +71,14 @@ class HstuBase : public OpKernel {
     mask_type_ = mask_type == "causal" ? HstuMask::kCausal
                  : mask_type == "none" ? HstuMask::kNone
                                        : HstuMask::kCustom;
+    if (ctx->HasAttr("mask_rules")) {
+      std::string rules;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_rules", &rules));
+      gr_ = rules == "gr";
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("max_attn_len", &gr_window_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("contextual_seq_len", &gr_context_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("min_full_attn_seq_len", &gr_full_));
+    }
     if (ctx->HasAttr("window_left")) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("window_left", &window_left_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("window_right", &window_right_));
@@ -155,10 +163,12 @@ class HstuBase : public OpKernel {
     }
     TF_RETURN_IF_ERROR(ReadCounts(*in[5], "num_context", p.batch, &call->num_context));
     TF_RETURN_IF_ERROR(ReadCounts(*in[6], "num_target", p.batch, &call->num_target));
-    if ((!contexts.empty() || !targets.empty()) && mask_type_ != HstuMask::kCausal) {
+    if (gr_) {
+      TF_RETURN_IF_ERROR(CheckGrRules(contexts, targets, off_q, off_k));
+    } else if ((!contexts.empty() || !targets.empty()) && mask_type_ != HstuMask::kCausal) {
       return absl::InvalidArgumentError("num_context / num_target need mask_type 'causal'");
     }
-    for (int64_t b = 0; b < p.batch && (!contexts.empty() || !targets.empty()); ++b) {
+    for (int64_t b = 0; b < p.batch && !gr_ && (!contexts.empty() || !targets.empty()); ++b) {
       const int64_t c = contexts.empty() ? 0 : contexts[b];
       const int64_t t = targets.empty() ? 0 : targets[b];
       const int64_t lq = off_q[b + 1] - off_q[b];
@@ -176,6 +186,10 @@ class HstuBase : public OpKernel {
     p.mask_type = mask_type_;
     p.window_left = window_left_;
     p.window_right = window_right_;
+    p.gr = gr_;
+    p.gr_window = gr_window_;
+    p.gr_context = gr_context_;
+    p.gr_full = gr_full_;
     p.alpha = alpha_;
     // silu_scale 0 means 1 / max_seq_len, computed in float as the seed's wrappers do.
     p.scale = silu_scale_ == 0.0f ? 1.0f / static_cast<float>(max_q_) : silu_scale_;
@@ -247,6 +261,40 @@ class HstuBase : public OpKernel {
     return absl::OkStatus();
   }
 
+  // The GR rules' constraints (after the counts were read): self-attention, a causal or no
+  // mask, contextual_seq_len instead of num_context, no Rec SDK window or target groups, and at
+  // most as many targets as positions.
+  absl::Status CheckGrRules(const std::vector<int64_t>& contexts,
+                            const std::vector<int64_t>& targets, const std::vector<int64_t>& off_q,
+                            const std::vector<int64_t>& off_k) const {
+    if (mask_type_ == HstuMask::kCustom) {
+      return absl::InvalidArgumentError(
+          "mask_rules 'gr' needs mask_type 'causal' or 'none', not 'custom'");
+    }
+    if (!contexts.empty()) {
+      return absl::InvalidArgumentError(
+          "mask_rules 'gr' takes contextual_seq_len (one count for all sequences), not "
+          "num_context");
+    }
+    if (group_ != 0 || window_left_ != -1 || window_right_ != -1) {
+      return absl::InvalidArgumentError(
+          "mask_rules 'gr' takes max_attn_len, not target_group_size or window_size");
+    }
+    for (size_t b = 0; b + 1 < off_q.size(); ++b) {
+      const int64_t lq = off_q[b + 1] - off_q[b], lk = off_k[b + 1] - off_k[b];
+      if (lq != lk) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("mask_rules 'gr' is self-attention: sequence ", b, " has ", lq,
+                         " queries and ", lk, " keys"));
+      }
+      if (!targets.empty() && targets[b] > lq) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "num_target[", b, "] = ", targets[b], " must be <= the sequence length (", lq, ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // num_context / num_target: empty (not given) or one non-negative count per sequence.
   static absl::Status ReadCounts(const Tensor& t, const char* name, int64_t batch,
                                  std::vector<int64_t>* out) {
@@ -290,6 +338,8 @@ class HstuBase : public OpKernel {
   float alpha_ = 1.0f, silu_scale_ = 0.0f;
   HstuMask mask_type_;
   bool has_bias_ = false;
+  bool gr_ = false;
+  int64_t gr_window_ = 0, gr_context_ = 0, gr_full_ = 0;
 };
 
 // The tiled forward over validated inputs: q, k, v, the custom mask and the bias (instantiated

@@ -39,7 +39,11 @@ using tensorflow::shape_inference::ShapeHandle;
       .Attr("has_bias: bool = false")                             \
       .Attr("has_time_bias: bool = false")                        \
       .Attr("has_position_bias: bool = false")                    \
-      .Attr("bucket_divisor: float = 0.301")
+      .Attr("bucket_divisor: float = 0.301")                      \
+      .Attr("mask_rules: {'rec_sdk', 'gr'} = 'rec_sdk'")          \
+      .Attr("max_attn_len: int >= 0 = 0")                         \
+      .Attr("contextual_seq_len: int >= 0 = 0")                   \
+      .Attr("min_full_attn_seq_len: int >= 0 = 0")
 
 REGISTER_OP("Recops>HstuDenseForward")
     .RECOPS_HSTU_INPUTS.Output("output: T")
@@ -66,6 +70,9 @@ tile instead of attn_bias: with has_time_bias, time_bias_weights[bucket(|t_j - t
 (timestamps [Tk] per key row, bucket = min(floor(ln(max(gap, 1)) / bucket_divisor), NB - 1));
 with has_position_bias, position_bias_weights[max_seq_len_k - 1 + j - (i + delta)]
 (length 2 * max_seq_len_k - 1); delta = Lk - Lq. Unused inputs may be empty.
+mask_rules 'gr': generative-recommenders' visibility instead (self-attention, mask_type causal
+or none; num_target as GR's num_targets; max_attn_len, contextual_seq_len and
+min_full_attn_seq_len as GR's arguments of those names), evaluated per tile.
 )doc");
 
 REGISTER_OP("Recops>HstuDenseBackward")
