@@ -20,6 +20,7 @@ from recops_tf import layers  # noqa: E402,F401  (Keras layers)
 from recops_tf import optimizers  # noqa: E402,F401  (Keras optimizers)
 from recops_tf import distributed  # noqa: E402,F401  (collectives, ShardedEmbedding)
 from recops_tf import saving  # noqa: E402,F401  (SavedModel export with ragged signatures)
+from recops_tf import compat  # noqa: E402,F401  (generative-recommenders' hstu_mha)
 
 __version__ = "0.1.0"
 __all__ = list(_ops_all)

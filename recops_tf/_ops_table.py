@@ -156,7 +156,8 @@ OPS = (
         bench={
             "tiny": ({"batch": 3, "max_len": 70, "heads": 2, "dim": 8},
                      {"batch": 3, "max_len": 40, "heads": 2, "dim": 8, "paged": True},
-                     {"batch": 3, "max_len": 70, "heads": 2, "dim": 8, "rel_bias": True}),
+                     {"batch": 3, "max_len": 70, "heads": 2, "dim": 8, "rel_bias": True},
+                     {"batch": 3, "max_len": 70, "heads": 2, "dim": 8, "gr_window": 8}),
             # Lengths uniform in [1, L], causal, float32. At L = 4096 the padded composite's
             # [B, H, L, L] scores need ~1 GB per tensor per 4 sequences: B = 4 keeps it in memory.
             "full": ({"batch": 32, "max_len": 256, "heads": 4, "dim": 64},
@@ -166,7 +167,10 @@ OPS = (
                       "page_size": 128},
                      # The fused relative bias against the dense bias built by the separate
                      # ops ([B, H, L, L], 512 MB here) fed to the same attention.
-                     {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64, "rel_bias": True}),
+                     {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64, "rel_bias": True},
+                     # GR's mask rules (window + context + targets) against the Rec SDK
+                     # rules' nearest equivalent on the same shape (the baseline).
+                     {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64, "gr_window": 256}),
         },
     ),
 

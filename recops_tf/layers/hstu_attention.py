@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from recops_tf.layers._sequences import sequences
 from recops_tf.layers.relative_attention_bias import owned_relative_bias
+from recops_tf.ops._attention import gr_mask_args
 from recops_tf.ops._common import positive_int
 from recops_tf.ops.hstu_dense import hstu_attention
 
@@ -36,6 +37,10 @@ class HSTUAttention(keras.layers.Layer):
       relative_bias: an optional ``RelativeAttentionBias`` (same ``max_seq_len``) owned by
         this layer and applied inside the attention kernel, tile by tile: nothing of size
         ``S²`` is built. Its weights are this layer's.
+      gr_mask: None (the Rec SDK's mask rules) or generative-recommenders' rules: a
+        ``recops_tf.compat.gr.GRMask`` or a dict of ``max_attn_len``, ``contextual_seq_len``,
+        ``min_full_attn_seq_len`` (then no ``window_size`` / ``target_group_size``, and
+        ``num_target`` is GR's ``num_targets``).
 
     Call arguments: ``inputs``; optional ``num_context`` / ``num_target`` ``[B]`` counts;
     ``timestamps`` (int, in the inputs' layout: ragged ``[B, (L)]`` or dense ``[B, S]``) for
@@ -55,7 +60,7 @@ class HSTUAttention(keras.layers.Layer):
     def __init__(self, num_heads, head_dim, max_seq_len, value_dim=None, num_kv_heads=None,
                  alpha=1.0, silu_scale=0.0, mask_type="causal", target_group_size=0,
                  window_size=None, use_bias=True, kernel_initializer="glorot_uniform",
-                 bias_initializer="zeros", relative_bias=None, **kwargs):
+                 bias_initializer="zeros", relative_bias=None, gr_mask=None, **kwargs):
         super().__init__(**kwargs)
         self.supports_jit = False  # no XLA kernel: keeps Keras from compiling with XLA
         self.num_heads = positive_int(num_heads, "num_heads", "HSTUAttention")
@@ -74,6 +79,8 @@ class HSTUAttention(keras.layers.Layer):
             raise ValueError("HSTUAttention supports mask_type 'causal' or 'none'")
         self.target_group_size = int(target_group_size)
         self.window_size = None if window_size is None else tuple(int(w) for w in window_size)
+        self.gr_mask = gr_mask_args("HSTUAttention", gr_mask, mask_type, None,
+                                    self.target_group_size, self.window_size)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -107,7 +114,7 @@ class HSTUAttention(keras.layers.Layer):
         out = hstu_attention(q, k, v, max_seq_len=self.max_seq_len, alpha=self.alpha,
                              silu_scale=self.silu_scale, mask_type=self.mask_type,
                              target_group_size=self.target_group_size,
-                             window_size=self.window_size, **kwargs)
+                             window_size=self.window_size, gr_mask=self.gr_mask, **kwargs)
         return tf.reshape(out, [-1, self.num_heads * self.value_dim])
 
     def call(self, inputs, num_context=None, num_target=None, attn_bias=None, timestamps=None,
@@ -144,6 +151,7 @@ class HSTUAttention(keras.layers.Layer):
             "silu_scale": self.silu_scale, "mask_type": self.mask_type,
             "target_group_size": self.target_group_size, "window_size": self.window_size,
             "use_bias": self.use_bias,
+            "gr_mask": None if self.gr_mask is None else self.gr_mask._asdict(),
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "relative_bias": (None if self.relative_bias is None else

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from recops_tf.layers._sequences import sequences
 from recops_tf.layers.relative_attention_bias import owned_relative_bias
+from recops_tf.ops._attention import gr_mask_args
 from recops_tf.ops._common import positive_int
 from recops_tf.ops.hstu_dense import hstu_attention
 from recops_tf.ops.in_linear_silu import in_linear_silu
@@ -42,6 +43,11 @@ class HSTUBlock(keras.layers.Layer):
       use_fused: the fused ops (default) or the stock-TF composite.
       seed: base seed of the dropout masks.
       kernel_initializer: of the two projections.
+      gr_mask: None (the Rec SDK's mask rules) or generative-recommenders' rules (a
+        ``recops_tf.compat.gr.GRMask`` or a dict of ``max_attn_len``, ``contextual_seq_len``,
+        ``min_full_attn_seq_len``; not with ``target_group_size``): GR's STU layer's
+        ``max_attn_len`` / ``contextual_seq_len`` / ``min_full_attn_seq_len`` map here, and
+        ``num_targets`` is GR's.
 
     Call arguments: ``inputs`` (a ``tf.RaggedTensor`` ``[B, (L), d_model]``, or a dense
     ``[B, S, d_model]`` whose rows all have length S); ``timestamps`` (for a relative bias
@@ -59,7 +65,7 @@ class HSTUBlock(keras.layers.Layer):
     def __init__(self, num_heads, head_dim, max_seq_len, value_dim=None, dropout_rate=0.0,
                  alpha=1.0, silu_scale=0.0, mask_type="causal", target_group_size=0,
                  relative_bias=None, epsilon=1e-5, use_fused=True, seed=0,
-                 kernel_initializer="glorot_uniform", **kwargs):
+                 kernel_initializer="glorot_uniform", gr_mask=None, **kwargs):
         super().__init__(**kwargs)
         self.supports_jit = False  # no XLA kernel: keeps Keras from compiling with XLA
         self.num_heads = positive_int(num_heads, "num_heads", "HSTUBlock")
@@ -75,6 +81,8 @@ class HSTUBlock(keras.layers.Layer):
             raise ValueError("HSTUBlock supports mask_type 'causal' or 'none'")
         self.mask_type = mask_type
         self.target_group_size = int(target_group_size)
+        self.gr_mask = gr_mask_args("HSTUBlock", gr_mask, mask_type, None,
+                                    self.target_group_size, None)
         self.epsilon = float(epsilon)
         self.use_fused = bool(use_fused)
         self.seed = int(seed)
@@ -117,7 +125,8 @@ class HSTUBlock(keras.layers.Layer):
         seed = tf.stack([tf.constant(self.seed, tf.int64), tf.identity(self.step)])
         kernel = "fused" if self.use_fused else "reference"
         attn_kw = dict(seq_offsets=splits, max_seq_len=self.max_seq_len, alpha=self.alpha,
-                       silu_scale=self.silu_scale, mask_type=self.mask_type, kernel=kernel)
+                       silu_scale=self.silu_scale, mask_type=self.mask_type,
+                       gr_mask=self.gr_mask, kernel=kernel)
         if num_targets is not None:
             attn_kw.update(num_target=num_targets, target_group_size=self.target_group_size)
         if self.relative_bias is not None:
@@ -153,6 +162,7 @@ class HSTUBlock(keras.layers.Layer):
             "silu_scale": self.silu_scale, "mask_type": self.mask_type,
             "target_group_size": self.target_group_size, "epsilon": self.epsilon,
             "use_fused": self.use_fused, "seed": self.seed,
+            "gr_mask": None if self.gr_mask is None else self.gr_mask._asdict(),
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "relative_bias": (None if self.relative_bias is None else
                               keras.saving.serialize_keras_object(self.relative_bias)),

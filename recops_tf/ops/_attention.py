@@ -1,6 +1,9 @@
 """Argument helpers of the two attention stems (hstu_dense, hstu_dense_fuxi): mask types,
 sequence-length attributes and the static checks of q, k, v layouts (kept out of ``_common``,
 which every op module imports, so that it stays free of one family's rules)."""
+import collections
+import numbers
+
 import tensorflow as tf
 
 from recops_tf.ops._common import describe, positive_int
@@ -69,3 +72,63 @@ def check_layout(fn, jagged, **named):
         if x.shape.rank not in (None, rank):
             raise ValueError(f"{fn}: {name} must be {layout}, got {describe(x)} (rank "
                              f"{x.shape.rank})")
+
+
+class GRMask(collections.namedtuple(
+        "GRMask", ("max_attn_len", "contextual_seq_len", "min_full_attn_seq_len"),
+        defaults=(0, 0, 0))):
+    """generative-recommenders' (GR's) mask rules for ``hstu_attention(gr_mask=...)``: the
+    arguments of GR's ``hstu_mha`` of the same names (``mask_type`` "causal" / "none" is GR's
+    ``causal``; ``num_target`` is GR's ``num_targets``).
+
+    Per sequence of length ``n`` with ``c = contextual_seq_len`` and ``T`` targets, position
+    ``p`` gets the id ``min(max(p - c + 1, 0) if c > 0 else p, M)`` with
+    ``M = n - max(c - 1, 0) - T``: the context shares id 0 and every target gets id ``M``.
+    With ``d = id(i) - id(j)`` (``|d|`` when not causal), query ``i`` sees key ``j`` if
+    ``i == j`` or ``d > 0``; ``max_attn_len = m > 0`` keeps only ``d <= m``, except on rows
+    with ``id(i) >= M - min_full_attn_seq_len`` (when that is positive); with ``c > 0``, rows
+    of id 0 also see every key of id ``< M``.
+    """
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, value):
+        """A GRMask from a GRMask, a dict of its fields (a Keras config) or None (None)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - set(cls._fields)
+            if unknown:
+                raise ValueError(f"gr_mask: unknown keys {sorted(unknown)}; expected some of "
+                                 f"{list(cls._fields)}")
+            value = cls(**value)
+        else:
+            raise TypeError(f"gr_mask must be a GRMask, a dict or None, got {describe(value)}")
+        for field in cls._fields:
+            n = getattr(value, field)
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+                raise ValueError(f"gr_mask.{field} must be an int >= 0, got {n!r}")
+        return cls(*(int(getattr(value, f)) for f in cls._fields))
+
+    def attrs(self):
+        """The op attributes of these rules."""
+        return dict(mask_rules="gr", **self._asdict())
+
+
+def gr_mask_args(fn, gr_mask, mask_type, num_context, target_group_size, window_size):
+    """``gr_mask`` as a GRMask (or None), refusing the Rec SDK mask options it replaces."""
+    gr_mask = GRMask.of(gr_mask)
+    if gr_mask is None:
+        return None
+    if mask_type not in ("causal", "none"):
+        raise ValueError(f"{fn}: gr_mask needs mask_type 'causal' or 'none', got {mask_type!r}")
+    for given, what, instead in ((num_context is not None, "num_context",
+                                  "gr_mask.contextual_seq_len"),
+                                 (bool(target_group_size), "target_group_size", None),
+                                 (window_size is not None, "window_size",
+                                  "gr_mask.max_attn_len")):
+        if given:
+            hint = f" (use {instead})" if instead else ""
+            raise ValueError(f"{fn}: {what} is a Rec SDK mask option and cannot be combined "
+                             f"with gr_mask{hint}")
+    return gr_mask

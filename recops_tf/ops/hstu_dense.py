@@ -1,8 +1,8 @@
 """HSTU attention: fused forward and backward (stem hstu_dense)."""
 import tensorflow as tf
 
-from recops_tf.ops._attention import (check_layout, check_mask_type, mask_input, ragged_heads,
-                                      seq_lens, static_dim)
+from recops_tf.ops._attention import (check_layout, check_mask_type, gr_mask_args,
+                                      mask_input, ragged_heads, seq_lens, static_dim)
 from recops_tf.ops._common import (JaggedBatch, check_kernel, index_tensor, lib, op_attrs,
                                    value_tensors)
 from recops_tf.ops.relative_attn_bias import DEFAULT_BUCKET_DIVISOR
@@ -13,7 +13,7 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
                    num_target=None, target_group_size=0, seq_offsets_k=None, max_seq_len_k=None,
                    window_size=None, timestamps=None, time_bias_weights=None,
                    position_bias_weights=None, bucket_divisor=DEFAULT_BUCKET_DIVISOR,
-                   kernel="fused", name=None):
+                   gr_mask=None, kernel="fused", name=None):
     """HSTU attention (pointwise SiLU attention of generative recommenders), fused.
 
     Definition, per sequence b, query head h (kv head ``h // (Nq/Nk)``), query i, key j:
@@ -30,6 +30,10 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
       multiplicative ``"custom"`` mask; ``window_size = (left, right)`` further limits keys to
       ``i + Lk - Lq - left <= j <= i + Lk - Lq + right`` (-1: unbounded);
     * ``out_i = sum_j p_ij * v_j``.
+
+    ``gr_mask`` replaces the Rec SDK's mask rules above by generative-recommenders' (see
+    ``GRMask``; ``recops_tf.compat.gr.hstu_mha`` is GR's ``hstu_mha`` on top of it), evaluated
+    per tile in the same kernel.
 
     With float16/bfloat16 inputs the kernel accumulates in float32 and rounds the scores and
     ``p`` to the input dtype where Rec SDK's kernels do. Scores are computed tile by tile and
@@ -68,6 +72,11 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
       position_bias_weights: ``[2 * max_seq_len_k - 1]`` learned weight per relative position
         ``j - i`` (offset by ``max_seq_len_k - 1``), likewise fused.
       bucket_divisor: the time buckets' log width (positive).
+      gr_mask: None (the Rec SDK rules), or a ``GRMask`` (or a dict of its fields:
+        ``max_attn_len``, ``contextual_seq_len``, ``min_full_attn_seq_len``) for GR's rules:
+        self-attention, ``mask_type`` "causal" or "none", ``num_target`` as GR's
+        ``num_targets``; ``num_context``, ``window_size`` and ``target_group_size`` are then
+        refused.
       kernel: ``"fused"`` (the op library) or ``"reference"``: the padded stock-TF composite
         (``recops_tf.reference.hstu_dense``; it builds the ``[B, N, S, Sk]`` scores),
         with the same arguments, layouts and checks, differentiated by TensorFlow: the parity
@@ -110,6 +119,8 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
     kernel: a Keras layer calling it sets ``supports_jit = False`` (as ``HSTUAttention`` does).
     """
     check_mask_type(mask_type)
+    gr_mask = gr_mask_args("hstu_attention", gr_mask, mask_type, num_context, target_group_size,
+                           window_size)
     fused = check_kernel(kernel, "hstu_attention")
     max_seq_len, max_seq_len_k = seq_lens("hstu_attention", max_seq_len, max_seq_len_k)
     opts = dict(alpha=alpha, silu_scale=silu_scale, mask_type=mask_type, mask=mask,
@@ -117,7 +128,7 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
                 target_group_size=target_group_size, window_size=window_size,
                 time_bias_weights=time_bias_weights,
                 position_bias_weights=position_bias_weights, bucket_divisor=bucket_divisor,
-                fused=fused)
+                gr_mask=gr_mask, fused=fused)
     if (timestamps is None) != (time_bias_weights is None):
         raise ValueError("hstu_attention: timestamps and time_bias_weights go together")
     if attn_bias is not None and (time_bias_weights is not None
@@ -153,7 +164,7 @@ def hstu_attention(q, k, v, *, seq_offsets=None, max_seq_len=None, alpha=1.0, si
 def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, timestamps, *,
             alpha, silu_scale, mask_type, mask, attn_bias, num_context, num_target,
             target_group_size, window_size, time_bias_weights, position_bias_weights,
-            bucket_divisor, fused):
+            bucket_divisor, gr_mask, fused):
     max_seq_len_k = max_seq_len if max_seq_len_k is None else max_seq_len_k
     index = [index_tensor(seq_offsets, "seq_offsets"), index_tensor(seq_offsets_k, "seq_offsets_k")]
     for count, what in ((num_context, "num_context"), (num_target, "num_target"),
@@ -169,7 +180,7 @@ def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, tim
     if not fused:
         return _reference(q, k, v, *index, mask, attn_bias, *weights, max_seq_len,
                           max_seq_len_k, alpha, silu_scale, mask_type, target_group_size, left,
-                          right, bucket_divisor)
+                          right, bucket_divisor, gr_mask)
     empty = lambda t, dtype: tf.zeros([0], dtype) if t is None else t  # noqa: E731
     index = [empty(t, index[0].dtype) for t in index]
     return lib().recops_hstu_dense_forward(
@@ -180,12 +191,12 @@ def _jagged(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, tim
         window_right=right, has_bias=attn_bias is not None,
         has_time_bias=time_bias_weights is not None,
         has_position_bias=position_bias_weights is not None,
-        bucket_divisor=float(bucket_divisor))
+        bucket_divisor=float(bucket_divisor), **({} if gr_mask is None else gr_mask.attrs()))
 
 
 def _reference(q, k, v, offsets, offsets_k, num_context, num_target, timestamps, mask,
                attn_bias, time_weights, position_weights, max_seq_len, max_seq_len_k, alpha,
-               silu_scale, mask_type, target_group_size, left, right, bucket_divisor):
+               silu_scale, mask_type, target_group_size, left, right, bucket_divisor, gr_mask):
     """hstu_attention's composite on jagged arguments (what ``kernel="reference"`` runs).
     The kernel's checks without which the composite would give silent garbage are asserted
     first (InvalidArgumentError when run): sequences within max_seq_len(_k), no more queries
@@ -204,6 +215,13 @@ def _reference(q, k, v, offsets, offsets_k, num_context, num_target, timestamps,
                                        message=f"{fn}: a key sequence is longer than "
                                        "max_seq_len_k"),
         tf.debugging.assert_less_equal(lq, lk, message=f"{fn}: more queries than keys")]
+    if gr_mask is not None:
+        checks.append(tf.debugging.assert_equal(lq, lk, message=f"{fn}: gr_mask is "
+                                                "self-attention (as many queries as keys)"))
+        if num_target is not None:
+            checks.append(tf.debugging.assert_less_equal(
+                tf.cast(num_target, tf.int64)[:tf.size(lq)], lq,
+                message=f"{fn}: num_target must be <= the sequence length"))
     for count, what in ((num_context, "num_context"), (num_target, "num_target")):
         if count is not None:
             checks.append(tf.debugging.assert_equal(
@@ -228,12 +246,13 @@ def _reference(q, k, v, offsets, offsets_k, num_context, num_target, timestamps,
         attn_bias=attn_bias, num_context=num_context, num_target=num_target,
         target_group_size=target_group_size, window_left=left, window_right=right,
         timestamps=timestamps, time_bias_weights=time_weights,
-        position_bias_weights=position_weights, bucket_divisor=bucket_divisor)
+        position_bias_weights=position_weights, bucket_divisor=bucket_divisor, gr_mask=gr_mask)
 
 
 _ATTRS = ("max_seq_len", "max_seq_len_k", "alpha", "silu_scale", "mask_type",
           "target_group_size", "window_left", "window_right", "has_bias", "has_time_bias",
-          "has_position_bias", "bucket_divisor")
+          "has_position_bias", "bucket_divisor", "mask_rules", "max_attn_len", "contextual_seq_len",
+          "min_full_attn_seq_len")
 
 
 @tf.RegisterGradient("Recops>HstuDenseForward")

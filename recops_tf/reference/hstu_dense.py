@@ -12,8 +12,12 @@ def _lengths(offsets):
 
 def visibility(seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, mask_type="causal",
                num_context=None, num_target=None, target_group_size=0, window_left=-1,
-               window_right=-1):
-    """Boolean [B, 1, S, Sk]: query i of sequence b may see key j (spec §1 rules, windows)."""
+               window_right=-1, gr_mask=None):
+    """Boolean [B, 1, S, Sk]: query i of sequence b may see key j (spec §1 rules, windows; or
+    generative-recommenders' rules with a ``GRMask``)."""
+    if gr_mask is not None:
+        return gr_visibility(seq_offsets, max_seq_len, mask_type == "causal", num_target,
+                             *gr_mask)
     lq, lk = _lengths(seq_offsets), _lengths(seq_offsets_k)
     col = lambda x: tf.reshape(x, [-1, 1, 1, 1])  # noqa: E731
     lq, lk = col(lq), col(lk)
@@ -38,6 +42,32 @@ def visibility(seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, mask_type
     if window_right >= 0:
         vis &= j <= i + delta + window_right
     return vis
+
+
+def gr_visibility(seq_offsets, max_seq_len, causal, num_target, max_attn_len,
+                  contextual_seq_len, min_full_attn_seq_len):
+    """Boolean [B, 1, S, S]: GR's rules (``recops_tf.ops._attention.GRMask``) as a dense
+    plane, inside each sequence only."""
+    n = _lengths(seq_offsets)[:, None]  # [B, 1]
+    c = contextual_seq_len
+    tgt = tf.zeros_like(n) if num_target is None else tf.cast(num_target, tf.int64)[:, None]
+    top = n - max(c - 1, 0) - tgt  # the largest id
+    pos = tf.range(max_seq_len, dtype=tf.int64)[None, :]  # [1, S]
+    ids = tf.minimum(tf.maximum(pos - c + 1, 0) if c > 0 else pos, top)  # [B, S]
+    row, col = ids[:, :, None], ids[:, None, :]
+    dist = row - col
+    if not causal:
+        dist = tf.abs(dist)
+    vis = (pos[:, :, None] == pos[:, None, :]) | (dist > 0)
+    if max_attn_len > 0:
+        within = dist <= max_attn_len
+        if min_full_attn_seq_len > 0:
+            within |= row >= top[:, :, None] - min_full_attn_seq_len
+        vis &= within
+    if c > 0:
+        vis |= (row == 0) & (col < top[:, :, None])
+    inside = pos < n
+    return (vis & inside[:, :, None] & inside[:, None, :])[:, None]
 
 
 def relative_bias(timestamps, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k,
@@ -73,7 +103,7 @@ def hstu_attention(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len
                    silu_scale=0.0, mask_type="causal", mask=None, attn_bias=None,
                    num_context=None, num_target=None, target_group_size=0, window_left=-1,
                    window_right=-1, timestamps=None, time_bias_weights=None,
-                   position_bias_weights=None, bucket_divisor=0.301):
+                   position_bias_weights=None, bucket_divisor=0.301, gr_mask=None):
     """Jagged q [Tq, Nq, Dqk], k [Tk, Nk, Dqk], v [Tk, Nk, Dv] -> [Tq, Nq, Dv]."""
     if time_bias_weights is not None or position_bias_weights is not None:
         attn_bias = relative_bias(timestamps, seq_offsets, seq_offsets_k, max_seq_len,
@@ -97,7 +127,7 @@ def hstu_attention(q, k, v, seq_offsets, seq_offsets_k, max_seq_len, max_seq_len
     p = z * tf.sigmoid(z) * tf.cast(scale, dtype)
     m = tf.cast(visibility(seq_offsets, seq_offsets_k, max_seq_len, max_seq_len_k, mask_type,
                            num_context, num_target, target_group_size, window_left,
-                           window_right), dtype)
+                           window_right, gr_mask), dtype)
     if mask_type == "custom":
         m = m * mask
     o = tf.einsum("bhij,bjhd->bihd", p * m, vd)

@@ -10,7 +10,7 @@ from recops_tf.testing.inputs import random_values
 
 
 def build(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
-          rel_bias=False, dtype=tf.float32, index_dtype=tf.int64, seed=0):
+          rel_bias=False, gr_window=0, dtype=tf.float32, index_dtype=tf.int64, seed=0):
     """Causal jagged HSTU attention, lengths uniform in [1, max_len], Nq = Nk, Dqk = Dv.
 
     With `paged`, the paged KV-cache forward: each sequence has a cache of up to max_len keys
@@ -19,7 +19,13 @@ def build(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
     With `rel_bias`, the fused relative bias (129 time buckets of increasing timestamps, gaps
     up to a day, and 2 * max_len - 1 position weights) against the same attention given the
     dense bias built by the separate ops (relative_attn_bias_time + the Toeplitz position
-    bias, broadcast over heads), which is how the bias is applied without the fusion."""
+    bias, broadcast over heads), which is how the bias is applied without the fusion.
+
+    With `gr_window` > 0, generative-recommenders' mask rules (``gr_mask``: max_attn_len
+    `gr_window`, 3 context positions, up to 8 targets): the reference is GR's mask built
+    densely, the benchmark's baseline the Rec SDK rules' nearest equivalent on the same
+    shape (window (gr_window, 0), 3 context rows, the same targets), so the benchmark's
+    speedup is Rec SDK time / GR time."""
     rng = np.random.default_rng(seed)
     if paged:
         return _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, seed)
@@ -30,6 +36,9 @@ def build(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
     # Useful (causal, unpadded) work: two GEMMs over half of each L x L score matrix forward,
     # four backward.
     flops = int(2 * heads * (dim + dim) * np.sum(lengths.astype(np.float64) ** 2) / 2)
+    if gr_window:
+        return _hstu_gr(rng, lengths, offsets, max_len, heads, [q, k, v], flops, gr_window,
+                        index_dtype)
     if rel_bias:
         return _hstu_rel_bias(rng, lengths, offsets, max_len, heads, [q, k, v], flops, dtype,
                               seed)
@@ -40,6 +49,30 @@ def build(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
                                                    max_len),
                 [q, k, v], [0, 1, 2], tensor_bytes(q, k, v, v), 2 * tensor_bytes(q, k, v, v),
                 flops_forward=flops, flops_backward=2 * flops)
+
+
+def _hstu_gr(rng, lengths, offsets, max_len, heads, qkv, flops, window, index_dtype):
+    context = np.minimum(3, lengths)
+    targets = tf.constant(np.minimum(rng.integers(1, 9, size=len(lengths)), lengths - context),
+                          index_dtype)
+    gr_mask = {"max_attn_len": window, "contextual_seq_len": 3}
+    common = dict(seq_offsets=offsets, max_seq_len=max_len, num_target=targets)
+
+    def fused(q, k, v):
+        return recops_tf.hstu_attention(q, k, v, gr_mask=gr_mask, **common)
+
+    def reference(q, k, v):
+        return recops_tf.hstu_attention(q, k, v, gr_mask=gr_mask, kernel="reference", **common)
+
+    def rec_sdk(q, k, v):
+        return recops_tf.hstu_attention(q, k, v, num_context=tf.constant(context, index_dtype),
+                                        window_size=(window, 0), **common)
+
+    q = qkv[0]
+    return Case(f"GR mask m={window} c=3 B={len(lengths)} L<={max_len} H={heads} "
+                f"D={q.shape[2]}", fused, reference, qkv, [0, 1, 2],
+                tensor_bytes(*qkv, qkv[2]), 2 * tensor_bytes(*qkv, qkv[2]),
+                flops_forward=flops, flops_backward=2 * flops, baseline=rec_sdk)
 
 
 def _hstu_rel_bias(rng, lengths, offsets, max_len, heads, qkv, flops, dtype, seed):

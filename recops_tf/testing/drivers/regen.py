@@ -24,7 +24,7 @@ API_PATH = os.path.join(ROOT, "tests", "golden", "api.txt")
 
 # The public namespaces whose signatures the API record pins.
 API_MODULES = ("recops_tf", "recops_tf.layers", "recops_tf.optimizers", "recops_tf.distributed",
-               "recops_tf.saving", "recops_tf.recommender")
+               "recops_tf.saving", "recops_tf.recommender", "recops_tf.compat.gr")
 
 
 def golden_text():
@@ -86,6 +86,9 @@ REFERENCE_SECTIONS = (
     ("Saving", "recops_tf.saving", None,
      "SavedModel export of models with ragged inputs (`model.export()` gives a ragged "
      "`keras.Input` a dense endpoint, which the sequence layers refuse)."),
+    ("GR compatibility", "recops_tf.compat.gr", None,
+     "generative-recommenders' `hstu_mha` with its arguments and mask rules on the fused "
+     "kernel; the argument mapping is in [gr_compat.md](gr_compat.md)."),
 )
 # Keras's own protocol methods, documented by Keras: listed only when they have a docstring.
 _KERAS_METHODS = {"build", "compute_output_shape", "get_config", "from_config",
