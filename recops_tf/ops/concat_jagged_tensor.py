@@ -19,6 +19,12 @@ def concat_jagged_tensor(values_a, offsets_a=None, values_b=None, offsets_b=None
     the first ``p`` rows of each B segment in front of A. The output's offsets are
     ``offsets_a + offsets_b``.
 
+    generative-recommenders' ``concat_2D_jagged`` is the same op where every B segment has at
+    least ``p`` rows (bitwise). Where a segment is shorter, GR's composite still takes ``p``
+    prefix rows (reading past the segment: a zero row after the last one, otherwise the next
+    segment's rows) and keeps only ``len(a_b) + len(b_b) - p`` rows of A; this op takes
+    ``min(p, len(b_b))`` and keeps every row once (docs/gr_compat.md).
+
     Two calling forms:
 
     * jagged: ``concat_jagged_tensor(values_a, offsets_a, values_b, offsets_b)``;
