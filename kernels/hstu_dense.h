@@ -305,7 +305,12 @@ RECOPS_INLINE void PackTiles(const T* x, int64_t heads, int64_t head, int64_t di
   for (int64_t t0 = 0; t0 < n; t0 += kTile) {
     const int64_t rows = std::min(kTile, n - t0);
     Acc* tile = dst + t0 * dim;
-    if (transpose || rows < kTile) std::fill(tile, tile + kTile * dim, Acc(0));
+    if (rows < kTile && transpose) {  // zero the padding columns (full tiles are overwritten)
+      for (int64_t d = 0; d < dim; ++d)
+        std::fill(tile + d * kTile + rows, tile + (d + 1) * kTile, Acc(0));
+    } else if (rows < kTile) {  // the padding rows
+      std::fill(tile + rows * dim, tile + kTile * dim, Acc(0));
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const T* src = base + (t0 + r) * ld;
       if (t0 + r + kAhead < n) {
