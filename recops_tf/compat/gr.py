@@ -13,7 +13,6 @@ and backward: never built as a ``[B, N, N]`` plane. docs/gr_compat.md maps every
 import tensorflow as tf
 
 from recops_tf.ops._attention import GRMask
-from recops_tf.ops._common import describe
 from recops_tf.ops.hstu_dense import hstu_attention
 from recops_tf.reference.hstu_dense import gr_visibility
 
@@ -76,9 +75,9 @@ def hstu_mha(max_seq_len, alpha, q, k, v, seq_offsets, causal=True, dropout_pr=0
                          f"{dropout_pr!r}); GR's Triton and CUDA kernels do not support it "
                          "either: pass 0 and drop the attention output instead")
     if not isinstance(causal, bool):
-        raise TypeError(f"hstu_mha: causal must be a Python bool, got {describe(causal)}")
+        raise TypeError(f"hstu_mha: causal must be a Python bool, got {causal!r}")
     gr_mask = GRMask.of({"max_attn_len": max_attn_len, "contextual_seq_len": contextual_seq_len,
-                         "min_full_attn_seq_len": min_full_attn_seq_len})
+                         "min_full_attn_seq_len": min_full_attn_seq_len}, owner="hstu_mha: ")
     kernel = _kernel(kernel)
     with tf.name_scope("hstu_mha"):
         scaled = attn_scale is not None
@@ -111,6 +110,7 @@ def valid_attn_mask(seq_offsets, max_seq_len, causal=True, num_targets=None, max
     outside each sequence): for inspection, or a custom mask elsewhere. ``hstu_mha`` never
     builds it."""
     gr_mask = GRMask.of({"max_attn_len": max_attn_len, "contextual_seq_len": contextual_seq_len,
-                         "min_full_attn_seq_len": min_full_attn_seq_len})
+                         "min_full_attn_seq_len": min_full_attn_seq_len},
+                        owner="valid_attn_mask: ")
     return gr_visibility(tf.cast(seq_offsets, tf.int64), max_seq_len, causal, num_targets,
                          *gr_mask)[:, 0]

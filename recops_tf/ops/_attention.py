@@ -92,8 +92,9 @@ class GRMask(collections.namedtuple(
     __slots__ = ()
 
     @classmethod
-    def of(cls, value):
-        """A GRMask from a GRMask, a dict of its fields (a Keras config) or None (None)."""
+    def of(cls, value, owner="gr_mask."):
+        """A GRMask from a GRMask, a dict of its fields (a Keras config) or None (None);
+        ``owner`` prefixes the field in error messages."""
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, dict):
@@ -107,7 +108,7 @@ class GRMask(collections.namedtuple(
         for field in cls._fields:
             n = getattr(value, field)
             if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-                raise ValueError(f"gr_mask.{field} must be an int >= 0, got {n!r}")
+                raise ValueError(f"{owner}{field} must be an int >= 0, got {n!r}")
         return cls(*(int(getattr(value, f)) for f in cls._fields))
 
     def attrs(self):

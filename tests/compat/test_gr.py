@@ -200,8 +200,12 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="dropout"):
         gr.hstu_mha(9, 1.0, q, k, v, offsets, dropout_pr=0.1)
     gr.hstu_mha(9, 1.0, q, k, v, offsets, dropout_pr=0.1, training=False)
-    with pytest.raises(ValueError, match="max_attn_len"):
+    with pytest.raises(ValueError, match="hstu_mha: max_attn_len must be an int >= 0"):
         gr.hstu_mha(9, 1.0, q, k, v, offsets, max_attn_len=-1)
+    with pytest.raises(TypeError, match="causal must be a Python bool, got 'yes'"):
+        gr.hstu_mha(9, 1.0, q, k, v, offsets, causal="yes")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="attn_scale must have one entry"):
+        gr.hstu_mha(9, 1.0, q, k, v, offsets, attn_scale=tf.ones([3]))
     with pytest.raises(ValueError, match="kernel"):
         gr.hstu_mha(9, 1.0, q, k, v, offsets, kernel="triton2")
     with pytest.raises(tf.errors.InvalidArgumentError, match="num_target"):
