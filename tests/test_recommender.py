@@ -307,3 +307,45 @@ def test_bf16_precision_runs_the_encoder_in_bfloat16_and_trains_like_f32():
     assert abs(bf16.test["hr@10"] - f32.test["hr@10"]) < 0.1, (bf16.test, f32.test)
     with pytest.raises(ValueError, match="precision must be one of"):
         rec.Config.from_preset("hstu", precision="fp8").check()
+
+
+def test_seen_bias_is_added_to_the_items_already_read():
+    model = rec.GenerativeRecommender(10, d_model=8, num_blocks=1, head_dim=4, max_seq_len=4,
+                                      seen_bias=True)
+    items = tf.RaggedTensor.from_row_lengths(tf.constant([1, 2, 2, 4, 5], tf.int64),
+                                             tf.constant([3, 2], tf.int64))
+    states = model({"items": items, "timestamps": items}, training=False)
+    model.seen_logit.assign(-2.0)
+    last = tf.gather(states.flat_values, [2, 4])
+    plain = model.scores(last).numpy()
+    biased = model.scores(last, seen=items).numpy()
+    expected = np.zeros((2, 10))
+    expected[0, [0, 1]] = -2.0  # items 1, 2 (2 twice: once)
+    expected[1, [3, 4]] = -2.0
+    np.testing.assert_allclose(biased - plain, expected, atol=1e-5)
+    # In training, position t sees only the items read up to t: item 2 (the target of
+    # positions 0 and 1) is seen from position 1 on, item 1 (a negative) from position 0.
+    targets = tf.RaggedTensor.from_row_lengths(tf.constant([2, 2, 4, 5, 6], tf.int64),
+                                               tf.constant([3, 2], tf.int64))
+    negatives = tf.constant([[1, 9], [4, 1]], tf.int64)
+    pos, neg = model_module._positives_and_negatives(model, states, targets, negatives, False,
+                                                     read=items)
+    model.seen_logit.assign(0.0)
+    pos0, neg0 = model_module._positives_and_negatives(model, states, targets, negatives, False,
+                                                       read=items)
+    np.testing.assert_allclose((neg - neg0).numpy(), [[-2, 0]] * 5, atol=1e-5)
+    np.testing.assert_allclose((pos - pos0).numpy(), [0, -2, 0, 0, 0], atol=1e-5)
+
+
+def test_seen_bias_trains_and_exports(tmp_path):
+    out = tmp_path / "seen"
+    assert cli.main(["train", *TINY, "--seen-bias", "--max-steps", "3", "--out", str(out)]) == 0
+    assert "--seen-bias" in json.loads((out / "run.json").read_text())["argv"]
+    import keras
+
+    loaded = keras.saving.load_model(str(out / "model.keras"))
+    assert loaded.seen_bias and loaded.seen_logit is not None
+    module = tf.saved_model.load(str(out / "saved_model"))
+    got = module.recommend(tf.constant([1, 2, 3], tf.int64), tf.constant([1, 2, 3], tf.int64),
+                           tf.constant(5, tf.int32))
+    assert rec.recommend(str(out), [1, 2, 3], k=5)[0] == [str(i) for i in got["items"].numpy()]

@@ -66,7 +66,7 @@ export RECOPS_TF_LIBRARY=$LIB
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}  # this checkout's package, whatever is installed
 export RECOPS_FUZZ_CASES=${RECOPS_FUZZ_CASES:-2000}
 
-tests=(tests/ops tests/test_fuzz.py tests/test_concurrency.py)
+tests=(tests/ops tests/compat tests/test_fuzz.py tests/test_concurrency.py)
 echo "== sanitize: pytest ${tests[*]} (RECOPS_FUZZ_CASES=$RECOPS_FUZZ_CASES)"
 start=$SECONDS
 set +e

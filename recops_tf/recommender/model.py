@@ -45,12 +45,16 @@ class GenerativeRecommender(keras.Model):
       use_fused: ``DynamicEmbedding`` items (train with ``recops_tf.optimizers.LazyAdam``)
         and the fused HSTU ops; ``False``: ``keras.layers.Embedding`` and the blocks' stock-TF
         reference paths (SASRec is stock Keras either way, only its embedding changes).
+      seen_bias: a learned scalar added to the logit of every item already in the history
+        being scored (in training: the items read up to each position), a repeat-aware
+        head; ``scores(states, seen=histories)`` applies it.
       seed: of initializers and dropout.
     """
 
     def __init__(self, num_items, encoder="hstu", d_model=50, num_blocks=2, num_heads=1,
                  head_dim=50, max_seq_len=200, dropout_rate=0.2, l2_norm=True,
-                 temperature=0.05, relative_bias=True, use_fused=True, seed=0, **kwargs):
+                 temperature=0.05, relative_bias=True, use_fused=True, seed=0, seen_bias=False,
+                 **kwargs):
         super().__init__(**kwargs)
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
@@ -64,6 +68,7 @@ class GenerativeRecommender(keras.Model):
         self.dropout_rate, self.l2_norm = float(dropout_rate), bool(l2_norm)
         self.temperature, self.relative_bias = float(temperature), bool(relative_bias)
         self.use_fused, self.seed = bool(use_fused), int(seed)
+        self.seen_bias = bool(seen_bias)
         init = keras.initializers.TruncatedNormal(stddev=0.02, seed=seed)
         if self.use_fused:
             self.item_embedding = DynamicEmbedding(self.d_model, initializer=init, seed=seed,
@@ -94,6 +99,8 @@ class GenerativeRecommender(keras.Model):
         self.final_norm = (None if self.l2_norm else
                            keras.layers.LayerNormalization(name="final_norm"))
         self.catalogue = tf.constant(np.arange(1, self.num_items + 1), tf.int64)
+        self.seen_logit = (self.add_weight(name="seen_bias", shape=(), initializer="zeros")
+                           if self.seen_bias else None)
 
     # -- embeddings -------------------------------------------------------------------------
     def _raw_embed(self, ids, training):
@@ -143,10 +150,18 @@ class GenerativeRecommender(keras.Model):
         """``[num_items, d_model]`` head embeddings of items 1..num_items."""
         return self.item_embeddings(self.catalogue, training)
 
-    def scores(self, states, training=None):
-        """``[N, num_items]`` logits of every catalogue item for ``[N, d_model]`` states."""
-        return tf.matmul(states, self.item_matrix(training), transpose_b=True) / \
+    def scores(self, states, training=None, seen=None):
+        """``[N, num_items]`` logits of every catalogue item for ``[N, d_model]`` states;
+        with ``seen_bias``, ``seen`` (ragged ``[N, (L)]`` item ids: the histories the states
+        read) adds the learned seen-item bias to the logits of those items."""
+        logits = tf.matmul(states, self.item_matrix(training), transpose_b=True) / \
             self.temperature
+        if self.seen_bias and seen is not None:
+            idx = tf.stack([seen.value_rowids(), seen.flat_values - 1], 1)
+            mask = tf.scatter_nd(idx, tf.ones_like(seen.flat_values, logits.dtype),
+                                 tf.shape(logits, out_type=tf.int64))
+            logits += tf.cast(self.seen_logit, logits.dtype) * tf.minimum(mask, 1.0)
+        return logits
 
     def get_build_config(self):
         return {"built": bool(self.built)}
@@ -166,7 +181,7 @@ class GenerativeRecommender(keras.Model):
                       head_dim=self.head_dim, max_seq_len=self.max_seq_len,
                       dropout_rate=self.dropout_rate, l2_norm=self.l2_norm,
                       temperature=self.temperature, relative_bias=self.relative_bias,
-                      use_fused=self.use_fused, seed=self.seed)
+                      use_fused=self.use_fused, seed=self.seed, seen_bias=self.seen_bias)
         return config
 
 
@@ -204,13 +219,35 @@ class _SASRecBlock(keras.layers.Layer):
         return config
 
 
+def _first_positions(items, num_items):
+    """``[B, num_items + 1]``: the first position of each item id in each ragged row of
+    `items`, 2**62 where it does not occur."""
+    positions = tf.ragged.range(items.row_lengths()).flat_values
+    absent = tf.fill(tf.stack([items.nrows(), tf.constant(num_items + 1, tf.int64)]),
+                     tf.constant(2 ** 62, tf.int64))
+    return tf.tensor_scatter_nd_min(
+        absent, tf.stack([items.value_rowids(), items.flat_values], 1), positions)
+
+
+def _seen_bias(model, states, read, ids):
+    """The seen-item bias of ``[P, N]`` candidate `ids` (one row per position of `states`):
+    ``model.seen_logit`` where the id occurs in the items `read` up to that position."""
+    first = _first_positions(read, model.num_items)
+    rows = states.value_rowids()
+    at = tf.ragged.range(states.row_lengths()).flat_values
+    seen = tf.gather_nd(first, tf.stack([tf.broadcast_to(rows[:, None], tf.shape(ids)),
+                                         ids], -1)) <= at[:, None]
+    return tf.cast(model.seen_logit, tf.float32) * tf.cast(seen, tf.float32)
+
+
 def _positives_and_negatives(model, states, targets, negatives, training,
-                             per_position=False):
+                             per_position=False, read=None):
     """Logits ``[P]`` of the positives and ``[P, N]`` of the negatives, accidental hits of
     the positive masked. ``negatives`` are ``[B, N]`` ids shared by a sequence's positions
     (one ``[B, S, d] x [B, N, d]`` product: B x N embeddings per step) or, with
     ``per_position``, ``[P, N]`` ids, a set per position (generative-recommenders' sampler:
-    P x N embeddings per step)."""
+    P x N embeddings per step). With ``model.seen_bias``, `read` (the ragged items the states
+    read) adds the seen-item bias to candidates already read at that position."""
     s = states.flat_values
     pos = tf.reduce_sum(s * model.item_embeddings(targets.flat_values, training), -1)
     neg_emb = model.item_embeddings(negatives, training)
@@ -223,7 +260,12 @@ def _positives_and_negatives(model, states, targets, negatives, training,
         hit = tf.equal(targets.to_tensor()[:, :, None], negatives[:, None, :])
         neg = tf.where(hit, tf.cast(_HIT, neg.dtype), neg)
         neg = tf.RaggedTensor.from_tensor(neg, lengths=states.row_lengths()).flat_values
-    return pos / model.temperature, neg / model.temperature
+    pos, neg = pos / model.temperature, neg / model.temperature
+    if model.seen_bias and read is not None:
+        neg_ids = negatives if per_position else tf.gather(negatives, states.value_rowids())
+        pos += _seen_bias(model, states, read, targets.flat_values[:, None])[:, 0]
+        neg += _seen_bias(model, states, read, neg_ids)
+    return pos, neg
 
 
 def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, training=True,
@@ -240,12 +282,16 @@ def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, tra
     states = model(inputs, training=training)
     if loss == "full":
         logits = model.scores(states.flat_values, training=training)
+        if model.seen_bias:
+            logits += _seen_bias(model, states, inputs["items"],
+                                 tf.broadcast_to(model.catalogue[None],
+                                                 tf.shape(logits, out_type=tf.int64)))
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=targets.flat_values - 1, logits=logits))
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     pos, neg = _positives_and_negatives(model, states, targets, negatives, training,
-                                        per_position)
+                                        per_position, read=inputs["items"])
     logits = tf.concat([pos[:, None], neg], axis=1)
     return tf.reduce_mean(tf.reduce_logsumexp(logits, axis=1) - pos)
 

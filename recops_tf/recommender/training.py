@@ -38,6 +38,7 @@ class Config:
     num_negatives: int = 128
     negatives_per: str = "sequence"  # or "position" (a set per position, as GR samples)
     relative_bias: bool = True
+    seen_bias: bool = False  # a learned logit bias of items already in the history
     use_fused: bool = True
     precision: str = "f32"  # or "bf16": Keras' mixed_bfloat16 (bf16 compute, f32 variables)
     seed: int = 0
@@ -111,7 +112,7 @@ def build_model(config, num_items):
             head_dim=config.head_dim, max_seq_len=config.max_seq_len,
             dropout_rate=config.dropout_rate, l2_norm=config.l2_norm,
             temperature=config.temperature, relative_bias=config.relative_bias,
-            use_fused=config.use_fused, seed=config.seed)
+            use_fused=config.use_fused, seed=config.seed, seen_bias=config.seen_bias)
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
 
@@ -209,7 +210,7 @@ def scorer(model):
     if score is None:
         @tf.function(input_signature=[_SPEC, _SPEC], jit_compile=False)
         def score(items, timestamps):
-            return model.scores(last_states(model, items, timestamps))
+            return model.scores(last_states(model, items, timestamps), seen=items)
         model._recops_scorer = score
     return score
 
@@ -439,7 +440,7 @@ def export(model, dataset, out_dir, metrics=None):
         length = tf.size(items, out_type=tf.int64)[None]
         states = last_states(model, tf.RaggedTensor.from_row_lengths(items, length),
                              tf.RaggedTensor.from_row_lengths(timestamps, length))
-        scores = model.scores(states)[0]
+        scores = model.scores(states, seen=tf.RaggedTensor.from_row_lengths(items, length))[0]
         best = tf.math.top_k(scores, tf.minimum(k, tf.size(scores)))
         return {"items": tf.cast(best.indices, tf.int64) + 1, "scores": best.values}
 
