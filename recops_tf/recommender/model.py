@@ -219,24 +219,27 @@ class _SASRecBlock(keras.layers.Layer):
         return config
 
 
-def _first_positions(items, num_items):
-    """``[B, num_items + 1]``: the first position of each item id in each ragged row of
-    `items`, 2**62 where it does not occur."""
-    positions = tf.ragged.range(items.row_lengths()).flat_values
-    absent = tf.fill(tf.stack([items.nrows(), tf.constant(num_items + 1, tf.int64)]),
-                     tf.constant(2 ** 62, tf.int64))
-    return tf.tensor_scatter_nd_min(
-        absent, tf.stack([items.value_rowids(), items.flat_values], 1), positions)
-
-
 def _seen_bias(model, states, read, ids):
     """The seen-item bias of ``[P, N]`` candidate `ids` (one row per position of `states`):
-    ``model.seen_logit`` where the id occurs in the items `read` up to that position."""
-    first = _first_positions(read, model.num_items)
+    ``model.seen_logit`` where the id occurs in the items `read` up to that position.
+
+    Looked up by (sequence, item) key in the sorted keys of `read`: the cost follows the
+    batch's items and candidates, not the catalogue (which may hold millions of items)."""
+    width = tf.constant(model.num_items + 1, tf.int64)
+    keys, slot = tf.unique(read.value_rowids() * width + read.flat_values)
+    first = tf.math.unsorted_segment_min(tf.ragged.range(read.row_lengths()).flat_values, slot,
+                                         tf.size(keys))
+    order = tf.argsort(keys)
+    # A sentinel past every key keeps the lookups in range (also for an empty batch).
+    keys = tf.concat([tf.gather(keys, order), [tf.int64.max]], 0)
+    first = tf.concat([tf.gather(first, order), [tf.int64.max]], 0)
     rows = states.value_rowids()
     at = tf.ragged.range(states.row_lengths()).flat_values
-    seen = tf.gather_nd(first, tf.stack([tf.broadcast_to(rows[:, None], tf.shape(ids)),
-                                         ids], -1)) <= at[:, None]
+    wanted = tf.reshape(rows[:, None] * width + ids, [-1])
+    loc = tf.searchsorted(keys, wanted)
+    seen = (tf.gather(keys, loc) == wanted) & (tf.gather(first, loc) <= tf.reshape(
+        tf.broadcast_to(at[:, None], tf.shape(ids)), [-1]))
+    seen = tf.reshape(seen, tf.shape(ids))
     return tf.cast(model.seen_logit, tf.float32) * tf.cast(seen, tf.float32)
 
 
