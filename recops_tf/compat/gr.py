@@ -31,6 +31,12 @@ def _kernel(kernel):
     return _KERNELS[name.lower()]
 
 
+def _gr_mask(fn, max_attn_len, contextual_seq_len, min_full_attn_seq_len):
+    """GR's three mask arguments as a checked GRMask (errors name `fn`'s arguments)."""
+    return GRMask.of(GRMask(max_attn_len, contextual_seq_len, min_full_attn_seq_len),
+                     owner=f"{fn}: ")
+
+
 def hstu_mha(max_seq_len, alpha, q, k, v, seq_offsets, causal=True, dropout_pr=0.0,
              training=True, num_targets=None, attn_scale=None, max_attn_len=0,
              contextual_seq_len=0, min_full_attn_seq_len=0, sort_by_length=False,
@@ -76,8 +82,7 @@ def hstu_mha(max_seq_len, alpha, q, k, v, seq_offsets, causal=True, dropout_pr=0
                          "either: pass 0 and drop the attention output instead")
     if not isinstance(causal, bool):
         raise TypeError(f"hstu_mha: causal must be a Python bool, got {causal!r}")
-    gr_mask = GRMask.of({"max_attn_len": max_attn_len, "contextual_seq_len": contextual_seq_len,
-                         "min_full_attn_seq_len": min_full_attn_seq_len}, owner="hstu_mha: ")
+    gr_mask = _gr_mask("hstu_mha", max_attn_len, contextual_seq_len, min_full_attn_seq_len)
     kernel = _kernel(kernel)
     with tf.name_scope("hstu_mha"):
         scaled = attn_scale is not None
@@ -109,8 +114,7 @@ def valid_attn_mask(seq_offsets, max_seq_len, causal=True, num_targets=None, max
     """GR's valid-attention mask as a dense boolean ``[B, max_seq_len, max_seq_len]`` (False
     outside each sequence): for inspection, or a custom mask elsewhere. ``hstu_mha`` never
     builds it."""
-    gr_mask = GRMask.of({"max_attn_len": max_attn_len, "contextual_seq_len": contextual_seq_len,
-                         "min_full_attn_seq_len": min_full_attn_seq_len},
-                        owner="valid_attn_mask: ")
+    gr_mask = _gr_mask("valid_attn_mask", max_attn_len, contextual_seq_len,
+                       min_full_attn_seq_len)
     return gr_visibility(tf.cast(seq_offsets, tf.int64), max_seq_len, causal, num_targets,
                          *gr_mask)[:, 0]

@@ -95,15 +95,15 @@ class GRMask(collections.namedtuple(
     def of(cls, value, owner="gr_mask."):
         """A GRMask from a GRMask, a dict of its fields (a Keras config) or None (None);
         ``owner`` prefixes the field in error messages."""
-        if value is None or isinstance(value, cls):
-            return value
+        if value is None:
+            return None
         if isinstance(value, dict):
             unknown = set(value) - set(cls._fields)
             if unknown:
                 raise ValueError(f"gr_mask: unknown keys {sorted(unknown)}; expected some of "
                                  f"{list(cls._fields)}")
             value = cls(**value)
-        else:
+        elif not isinstance(value, cls):
             raise TypeError(f"gr_mask must be a GRMask, a dict or None, got {describe(value)}")
         for field in cls._fields:
             n = getattr(value, field)

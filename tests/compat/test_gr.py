@@ -218,6 +218,9 @@ def test_bad_inputs():
         from recops_tf import hstu_attention
         hstu_attention(q, k, v, seq_offsets=offsets, max_seq_len=9, window_size=(2, 0),
                        gr_mask={"max_attn_len": 2})
+    with pytest.raises(ValueError, match="gr_mask.max_attn_len must be an int >= 0"):
+        from recops_tf import hstu_attention
+        hstu_attention(q, k, v, seq_offsets=offsets, max_seq_len=9, gr_mask=gr.GRMask(-1))
     with pytest.raises(ValueError, match="unknown keys"):
         from recops_tf import hstu_attention
         hstu_attention(q, k, v, seq_offsets=offsets, max_seq_len=9, gr_mask={"window": 2})
