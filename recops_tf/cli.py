@@ -110,7 +110,7 @@ CONFIG_OPTIONS = {
     "head_dim": ("head_dim", "value"), "max_seq_len": ("max_seq_len", "value"),
     "dropout": ("dropout_rate", "value"), "temperature": ("temperature", "value"),
     "no_l2_norm": ("l2_norm", "off"), "no_relative_bias": ("relative_bias", "off"),
-    "seen_bias": ("seen_bias", "on"),
+    "seen_bias": ("seen_bias", "value"),
     "loss": ("loss", "value"), "negatives": ("num_negatives", "value"),
     "negatives_per": ("negatives_per", "value"),
     "no_fused": ("use_fused", "off"), "precision": ("precision", "value"),
@@ -436,10 +436,11 @@ def _parser():
                        help="raw dot products instead of l2-normalised ones")
     model.add_argument("--no-relative-bias", action="store_true",
                        help="HSTU without its learned time + position bias")
-    model.add_argument("--seen-bias", action="store_true",
+    model.add_argument("--seen-bias", action=argparse.BooleanOptionalAction, default=None,
                        help="a learned logit bias for items already in the history (a "
                        "repeat-aware head: negative where users rarely repeat, as on "
-                       "MovieLens; not in the HSTU paper)")
+                       "MovieLens; not in the HSTU paper: --no-seen-bias gives its exact "
+                       "recipe)")
     model.add_argument("--loss", choices=_module("model")["LOSSES"],
                        help="sampled softmax over uniform negatives, over the "
                        "batch's own targets, or a full softmax over the catalogue")

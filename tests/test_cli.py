@@ -92,6 +92,8 @@ def test_flags_override_the_preset():
         return cli._config(cli._parser().parse_args(["train", *argv]))
 
     assert config() == rec.Config.from_preset("hstu")
+    assert config("--no-seen-bias") == rec.Config.from_preset("hstu", seen_bias=False)
+    assert config("--preset", "sasrec", "--seen-bias") == rec.Config.from_preset("sasrec")
     got = config("--preset", "sasrec", "--blocks", "3", "--no-l2-norm", "--exclude-seen",
                  "--no-fused", "--seed", "4")
     assert got == rec.Config.from_preset("sasrec", num_blocks=3, l2_norm=False,

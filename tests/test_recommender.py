@@ -54,6 +54,11 @@ def test_presets_and_overrides():
     assert (large.d_model, large.temperature, large.num_negatives) == (50, 0.05, 128)
     sasrec = rec.Config.from_preset("sasrec")
     assert sasrec.encoder == "sasrec" and not sasrec.relative_bias
+    # The seen-item bias (ours, not the paper's) is in every preset, so the encoders are
+    # compared with the same head; seen_bias=False is the paper's exact recipe.
+    assert all(rec.Config.from_preset(name).seen_bias for name in rec.PRESETS)
+    assert rec.Config() == rec.Config.from_preset("hstu")
+    assert not rec.Config.from_preset("hstu", seen_bias=False).seen_bias
     with pytest.raises(ValueError, match="preset must be one of"):
         rec.Config.from_preset("bert4rec")
     with pytest.raises(ValueError, match="loss must be one of"):
@@ -337,14 +342,16 @@ def test_seen_bias_is_added_to_the_items_already_read():
     np.testing.assert_allclose((pos - pos0).numpy(), [0, -2, 0, 0, 0], atol=1e-5)
 
 
-def test_seen_bias_trains_and_exports(tmp_path):
+@pytest.mark.parametrize("flag", ["--seen-bias", "--no-seen-bias"])
+def test_seen_bias_on_and_off_train_and_export(tmp_path, flag):
     out = tmp_path / "seen"
-    assert cli.main(["train", *TINY, "--seen-bias", "--max-steps", "3", "--out", str(out)]) == 0
-    assert "--seen-bias" in json.loads((out / "run.json").read_text())["argv"]
+    assert cli.main(["train", *TINY, flag, "--max-steps", "3", "--out", str(out)]) == 0
+    assert flag in json.loads((out / "run.json").read_text())["argv"]
     import keras
 
     loaded = keras.saving.load_model(str(out / "model.keras"))
-    assert loaded.seen_bias and loaded.seen_logit is not None
+    on = flag == "--seen-bias"
+    assert loaded.seen_bias == on and (loaded.seen_logit is not None) == on
     module = tf.saved_model.load(str(out / "saved_model"))
     got = module.recommend(tf.constant([1, 2, 3], tf.int64), tf.constant([1, 2, 3], tf.int64),
                            tf.constant(5, tf.int32))
