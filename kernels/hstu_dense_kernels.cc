@@ -100,8 +100,10 @@ class HstuDenseForwardOp : public HstuBase {
 // Paged KV-cache forward (spec §2.4): the keys of sequence b are its cached pages (all but the
 // last full, the last holding last_page_len rows) followed by the fresh k/v rows of its
 // num_target[b] target tokens (the last rows of the sequence); then the causal HSTU forward
-// with the target-group rule. The effective keys are gathered once (O(T·N·D)) and the shared
-// tiled forward runs on them.
+// with the target-group rule. A decode step (at most kDecodeRows query rows per kv head in
+// every sequence) reads the pages in place (HstuPagedDecodeItem, one item per sequence);
+// otherwise the effective keys are gathered once (O(T·N·D)) and the shared tiled forward runs
+// on them.
 template <typename T>
 class HstuPagedForwardOp : public HstuBase {
  public:
@@ -173,8 +175,43 @@ class HstuPagedForwardOp : public HstuBase {
       cache_len[b] = pages == 0 ? 0 : (pages - 1) * page_size + last_len[b];
       off_k(b + 1) = off_k(b) + cache_len[b] + targets[b];
     }
-    // The effective keys and values.
     const int64_t rows_k = off_k(batch), row = heads_k * dim;
+    const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
+    const Tensor empty_t(q.dtype(), TensorShape({0}));
+    const int64_t group = q.dim_size(1) / std::max<int64_t>(heads_k, 1);
+    bool decode = true;
+    for (int64_t b = 0; b < batch; ++b)
+      decode = decode && group * (off_q[b + 1] - off_q[b]) <= kDecodeRows;
+    if (decode) {
+      const TensorShape kv_shape({rows_k, heads_k, dim});
+      HstuCall call;
+      OP_REQUIRES_OK(ctx, Prepare({&q, nullptr, nullptr, &ctx->input(4), &off_k_t, &empty,
+                                   &ctx->input(8), &empty_t, &empty_t},
+                                  &call, &kv_shape));
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(
+          ctx, ctx->allocate_output(0, TensorShape({q.dim_size(0), call.p.heads_q, dim}), &out));
+      HstuTensors<T> t;
+      t.q = q.flat<T>().data();
+      t.k = k.flat<T>().data();
+      t.v = v.flat<T>().data();
+      t.out = out->flat<T>().data();
+      t.kv_cache = cache.flat<T>().data();
+      t.page_ids = page_ids.data();
+      t.page_offsets = page_off.data();
+      t.last_page_len = last_len.data();
+      t.page_size = page_size;
+      std::vector<HstuItem> items;
+      for (int64_t b = 0; b < batch; ++b) {
+        if (off_q[b + 1] > off_q[b]) items.push_back({b, 0, 0, 0, off_k(b + 1) - off_k(b)});
+      }
+      std::stable_sort(items.begin(), items.end(),
+                       [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });
+      const auto item = HstuBestEntries<T>().paged_decode;
+      ParallelForDynamic(ctx, items.size(), [&](int64_t i) { item(call.p, t, items[i]); });
+      return;
+    }
+    // The effective keys and values.
     Tensor k_eff, v_eff;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(k.dtype(), TensorShape({rows_k, heads_k, dim}), &k_eff));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(k.dtype(), TensorShape({rows_k, heads_k, dim}), &v_eff));
@@ -198,8 +235,6 @@ class HstuPagedForwardOp : public HstuBase {
         std::copy(v_p + first * row, v_p + off_q[b + 1] * row, ve + dst * row);
       }
     });
-    const Tensor empty(tensorflow::DT_INT64, TensorShape({0}));
-    const Tensor empty_t(q.dtype(), TensorShape({0}));
     HstuCall call;
     OP_REQUIRES_OK(ctx, Prepare({&q, &k_eff, &v_eff, &ctx->input(4), &off_k_t, &empty,
                                  &ctx->input(8), &empty_t, &empty_t},

@@ -105,13 +105,18 @@ class HstuBase : public OpKernel {
     return Prepare(in, call);
   }
 
-  absl::Status Prepare(const std::array<const Tensor*, 9>& in, HstuCall* call) const {
+  // With kv_shape, in[1] and in[2] (k, v) are not read: the keys and values have that
+  // (rank-3) shape without being a tensor (the paged decode reads them from the cache).
+  absl::Status Prepare(const std::array<const Tensor*, 9>& in, HstuCall* call,
+                       const TensorShape* kv_shape = nullptr) const {
     const Tensor& q = *in[0];
-    const Tensor& k = *in[1];
-    const Tensor& v = *in[2];
     TF_RETURN_IF_ERROR(CheckRank(q, "q", 3));
-    TF_RETURN_IF_ERROR(CheckRank(k, "k", 3));
-    TF_RETURN_IF_ERROR(CheckRank(v, "v", 3));
+    if (kv_shape == nullptr) {
+      TF_RETURN_IF_ERROR(CheckRank(*in[1], "k", 3));
+      TF_RETURN_IF_ERROR(CheckRank(*in[2], "v", 3));
+    }
+    const TensorShape k = kv_shape ? *kv_shape : in[1]->shape();
+    const TensorShape v = kv_shape ? *kv_shape : in[2]->shape();
     HstuProblem& p = call->p;
     const std::vector<int64_t>& off_q = call->off_q;
     const std::vector<int64_t>& off_k = call->off_k;
@@ -127,8 +132,8 @@ class HstuBase : public OpKernel {
     }
     if (v.dim_size(0) != k.dim_size(0) || v.dim_size(1) != p.heads_k) {
       return absl::InvalidArgumentError(
-          absl::StrCat("k and v must have the same rows and heads, got shapes ",
-                       k.shape().DebugString(), " and ", v.shape().DebugString()));
+          absl::StrCat("k and v must have the same rows and heads, got shapes ", k.DebugString(),
+                       " and ", v.DebugString()));
     }
     if (p.heads_k < 1 || p.heads_q < 1 || p.heads_q % p.heads_k != 0) {
       return absl::InvalidArgumentError(absl::StrCat(

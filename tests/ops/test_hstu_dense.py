@@ -465,6 +465,65 @@ def test_paged_equals_attention_on_the_assembled_keys():
     assert_close(paged(args), direct, tf.float64)
 
 
+def random_paged(dtype, lengths, page, nq=4, nk=2, dim=8, seed=0):
+    """A paged problem of sequences (cached keys, new tokens, targets) = lengths."""
+    rng = np.random.default_rng(seed)
+    cache_len = np.array([c for c, _, _ in lengths])
+    new = [n for _, n, _ in lengths]
+    pages_per = -(-cache_len // page)
+    num_pages = int(pages_per.sum()) + 1
+    last = np.where(pages_per > 0, cache_len - (pages_per - 1) * page, 1)
+    rows = int(sum(new))
+    return dict(q=random_values([rows, nq, dim], dtype, seed),
+                k=random_values([rows, nk, dim], dtype, seed + 1),
+                v=random_values([rows, nk, dim], dtype, seed + 2),
+                kv_cache=random_values([num_pages, 2, page, nk, dim], dtype, seed + 3),
+                seq_offsets=offsets(new), page_offsets=offsets(pages_per),
+                page_ids=tf.constant(rng.permutation(num_pages)[:pages_per.sum()], tf.int64),
+                last_page_len=tf.constant(last, tf.int64),
+                num_target=tf.constant([t for _, _, t in lengths], tf.int64))
+
+
+# Decode steps (at most 16 query rows per kv head: 2 q heads x up to 4 tokens) read the pages
+# in place; longer query sequences take the gathered-keys path. Caches span several 64-key
+# chunks, partial last pages, no pages at all, and targets.
+DECODE = [(150, 4, 2), (0, 2, 2), (64, 1, 0), (97, 3, 1), (33, 4, 4), (1, 1, 1)]
+PREFILL = DECODE[:3] + [(40, 12, 3), (130, 9, 0)]
+
+
+@pytest.mark.parametrize("page", [32, 128])
+@pytest.mark.parametrize("lengths", [DECODE, PREFILL], ids=["decode", "prefill"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_paged_decode_and_prefill_match_reference(dtype, lengths, page):
+    args = random_paged(dtype, lengths, page)
+    kw = dict(max_seq_len=13, max_seq_len_k=170, target_group_size=1, alpha=0.7)
+    out = paged(args, **kw)
+    a64 = {k: (tf.cast(v, tf.float64) if v.dtype.is_floating else v) for k, v in args.items()}
+    expected = ref.hstu_attention_paged(a64["q"], a64["k"], a64["v"], a64["kv_cache"],
+                                        a64["seq_offsets"], a64["page_offsets"],
+                                        a64["page_ids"], a64["last_page_len"],
+                                        a64["num_target"], 13, 170, alpha=0.7,
+                                        target_group_size=1)
+    assert_close(out, expected, dtype, magnitude=2.0, reduction=170)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_paged_decode_equals_the_gathered_path_bitwise(dtype):
+    # The same sequences, alone (the in-place decode path) and next to one with 12 new tokens
+    # (every sequence then takes the gathered path): the shared rows are the same bits.
+    kw = dict(max_seq_len=13, max_seq_len_k=170, target_group_size=1)
+    both = random_paged(dtype, DECODE + [(50, 12, 2)], 32)
+    batch = len(DECODE)
+    rows = int(both["seq_offsets"][batch])
+    pages = int(both["page_offsets"][batch])
+    alone = dict(both, q=both["q"][:rows], k=both["k"][:rows], v=both["v"][:rows],
+                 seq_offsets=both["seq_offsets"][:batch + 1],
+                 page_offsets=both["page_offsets"][:batch + 1],
+                 page_ids=both["page_ids"][:pages], last_page_len=both["last_page_len"][:batch],
+                 num_target=both["num_target"][:batch])
+    np.testing.assert_array_equal(paged(alone, **kw).numpy(), paged(both, **kw).numpy()[:rows])
+
+
 def test_paged_inside_function():
     args = paged_problem()
     f = tf.function(lambda a: paged(a))
