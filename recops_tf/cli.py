@@ -250,7 +250,8 @@ def _train(args, argv):
     print(f"model: --preset {config.preset}: {config.encoder}, {config.num_blocks} blocks x "
           f"{config.num_heads} heads x {config.head_dim}, d_model {config.d_model}, "
           f"{config.max_seq_len} items of history, {negatives}, temperature "
-          f"{config.temperature}{'' if config.l2_norm else ' (no l2 norm)'}, {kind}")
+          f"{config.temperature}{'' if config.l2_norm else ' (no l2 norm)'}"
+          f"{', seen-item bias' if config.seen_bias else ''}, {kind}")
     checkpoint_dir = None
     if args.out:
         os.makedirs(args.out, exist_ok=True)
