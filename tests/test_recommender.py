@@ -340,6 +340,12 @@ def test_seen_bias_is_added_to_the_items_already_read():
                                                        read=items)
     np.testing.assert_allclose((neg - neg0).numpy(), [[-2, 0]] * 5, atol=1e-5)
     np.testing.assert_allclose((pos - pos0).numpy(), [0, -2, 0, 0, 0], atol=1e-5)
+    # The full softmax's dense form gives the same bias for every catalogue item.
+    model.seen_logit.assign(-2.0)
+    catalogue = tf.broadcast_to(model.catalogue[None], [5, 10])
+    np.testing.assert_array_equal(model_module._seen_bias_full(model, states, items).numpy(),
+                                  model_module._seen_bias(model, states, items, catalogue).numpy())
+    assert model_module._seen_bias_full(model, states, items).numpy()[0, 0] == -2.0  # item 1
 
 
 @pytest.mark.parametrize("flag", ["--seen-bias", "--no-seen-bias"])

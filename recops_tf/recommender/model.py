@@ -243,6 +243,20 @@ def _seen_bias(model, states, read, ids):
     return tf.cast(model.seen_logit, tf.float32) * tf.cast(seen, tf.float32)
 
 
+def _seen_bias_full(model, states, read):
+    """The seen-item bias of every catalogue item, ``[P, num_items]`` (column j: item j + 1),
+    for the full softmax, whose logits are already ``[P, num_items]``. Built densely from each
+    sequence's first position of every item, where a per-candidate key lookup would cost a
+    search per logit. Equals `_seen_bias` of the whole catalogue."""
+    first = tf.tensor_scatter_nd_min(
+        tf.fill(tf.stack([read.nrows(), tf.constant(model.num_items, tf.int64)]), tf.int64.max),
+        tf.stack([read.value_rowids(), read.flat_values - 1], 1),
+        tf.ragged.range(read.row_lengths()).flat_values)
+    at = tf.ragged.range(states.row_lengths()).flat_values
+    seen = tf.gather(first, states.value_rowids()) <= at[:, None]
+    return tf.cast(model.seen_logit, tf.float32) * tf.cast(seen, tf.float32)
+
+
 def _positives_and_negatives(model, states, targets, negatives, training,
                              per_position=False, read=None):
     """Logits ``[P]`` of the positives and ``[P, N]`` of the negatives, accidental hits of
@@ -286,9 +300,7 @@ def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, tra
     if loss == "full":
         logits = model.scores(states.flat_values, training=training)
         if model.seen_bias:
-            logits += _seen_bias(model, states, inputs["items"],
-                                 tf.broadcast_to(model.catalogue[None],
-                                                 tf.shape(logits, out_type=tf.int64)))
+            logits += _seen_bias_full(model, states, inputs["items"])
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=targets.flat_values - 1, logits=logits))
     if loss not in LOSSES:
