@@ -218,12 +218,21 @@ def expected_gather_rows(world, me):
     return sum(int(lookup_case(world, s)[1][me]) for s in range(world))
 
 
-def _first_all_to_all(group):
-    """One all_to_all every rank joins (everyone is up); returns its input and counts."""
+def _first_all_to_all(group, out_dir):
+    """One all_to_all every rank joins (everyone is up); returns its input and counts.
+
+    The ranks first wait for each other through files in out_dir (up to 120 s): on a loaded
+    machine a rank may take longer than the scenario's short collective timeout just to
+    start, and that first collective must not time out."""
     import tensorflow as tf
 
     from recops_tf import distributed as dist
 
+    open(os.path.join(out_dir, f"ready{group.rank}"), "w").close()
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(
+            os.path.exists(os.path.join(out_dir, f"ready{r}")) for r in range(group.world_size)):
+        time.sleep(0.05)
     counts = np.ones(group.world_size, np.int64)
     x = tf.ones([group.world_size, 2])
     dist.all_to_all(x, counts)
@@ -244,7 +253,7 @@ def _save_failed_collective(group, out_dir, x, counts):
 
 
 def _scenario_dead_worker(group, out_dir):
-    x, counts = _first_all_to_all(group)
+    x, counts = _first_all_to_all(group, out_dir)
     if group.rank == 1:
         os._exit(3)  # dies without a word
     time.sleep(1.0)
@@ -252,7 +261,7 @@ def _scenario_dead_worker(group, out_dir):
 
 
 def _scenario_silent_worker(group, out_dir):
-    x, counts = _first_all_to_all(group)
+    x, counts = _first_all_to_all(group, out_dir)
     if group.rank == 1:  # alive, but never joins the next collective
         time.sleep(group.timeout + 3)
         save(out_dir, group.rank, error=np.array("none"), seconds=np.array(0.0))
