@@ -691,125 +691,152 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
   }
 }
 
+// The lines of a byte range, prefetched a few at a time (into L2) between the steps of a pass
+// that computes on other data. A burst of 128 prefetches every 128 lines of work did not help at
+// all on a Zen 3 VM (the miss queue is full after a few dozen), while 1 per line or bursts of
+// up to 64 overlapped most of the reads with the work.
+struct PrefetchStream {
+  const char* next = nullptr;
+  const char* end = nullptr;
+  int64_t per_step = 0;
+  // The range [x, x + bytes), over `steps` steps.
+  void Start(const void* x, int64_t bytes, int64_t steps) {
+    next = static_cast<const char*>(x);
+    end = next + bytes;
+    per_step = ((bytes + 63) / 64 + steps - 1) / std::max<int64_t>(steps, 1);
+  }
+  RECOPS_INLINE void Step() {
+    for (int64_t l = 0; l < per_step && next < end; ++l, next += 64) __builtin_prefetch(next, 0, 1);
+  }
+};
+
 // Query rows (query heads sharing a kv head x queries) up to which a paged sequence takes
 // HstuPagedDecodeItem rather than the tiled forward on gathered keys.
 constexpr int64_t kDecodeRows = 16;
 
 // Paged forward of one sequence with at most kDecodeRows query rows per kv head (a decode
-// step: a few new tokens against a long cache), reading the cached pages in place. For each
-// kv head, its rows (the query heads of its group x the queries) are one small block: per
-// chunk of at most kTile keys, Sᵀ = K·Qᵀ runs with the keys as the GEMM's rows (K read
-// straight from the page, Qᵀ one vector wide), then the tiled path's ScoreTile (the same
-// rounding points and mask) and O += P·V with V read from the page. Nothing is gathered or
-// padded to 64 query rows: the work is one pass over the sequence's cache, all kv heads of a
-// chunk together (its rows are contiguous). Keys are summed in the tiled path's order (j
-// ascending), so the float32 results equal its bits. bfloat16 / float16 pages are converted
-// per chunk into the workspace.
+// step: a few new tokens against a long cache), reading the cached pages in place. The rows of
+// a kv head (the query heads of its group x the queries) are few, so no GEMM with a 64-row
+// tile runs. Per chunk of at most kTile keys (all kv heads' rows of a key are contiguous):
+//  - the scores are dot products of the chunk's key rows with each query row (DotRows:
+//    vectors over the head dimension, the keys' sums reduced together);
+//  - the tiled path's ScoreTile applies the same rounding points and mask;
+//  - O += P·V over the query rows exactly (FewRowsGemmAcc), with V read from the page.
+// The step is bound by reading the cache, so each pass prefetches what the next one reads: the
+// score pass this chunk's V, the P·V pass the next chunk's K, a few lines per step
+// (PrefetchStream). Without it, each pass waited on its own misses: the hardware prefetcher
+// restarts at every 4 KB page, and the arithmetic between loads keeps the core from running far
+// ahead (measured on a Zen 3 VM, one thread: 141 ms without, 70 ms with; a plain read of the
+// same bytes, 48 ms). Keys are summed in order (j ascending) as the tiled path sums them; the
+// scores' sums over the head dimension run in another order, so the results differ from the
+// gathered path by rounding. bfloat16 / float16 chunks are converted into the workspace.
 template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void HstuPagedDecodeItem(const HstuProblem& p, const HstuTensors<T>& t,
                                        const HstuItem& item) {
   using W = HstuWorkspace<Acc>;
   constexpr bool kInPlace = std::is_same_v<T, Acc>;
   constexpr int64_t kLanes = IsaVec<Acc, I>::kLanes;
+  // Keys per step of the P·V pass: the output rows are loaded and stored once per block.
+  constexpr int64_t kPvKeys = 8;
   const int64_t b = item.b, hk_n = p.heads_k, group = p.heads_q / p.heads_k;
   const HstuSeq s = SeqOf(p, b);
-  const int64_t rows = group * s.lq, cols = (rows + kLanes - 1) / kLanes * kLanes;
-  const int64_t mrows = RoundRows<I>(rows), dqk = p.dim_qk, dv = p.dim_v;
+  const int64_t rows = group * s.lq, dqk = p.dim_qk, dv = p.dim_v;
   const int64_t ldk = hk_n * dqk, ldv = hk_n * dv;
   W& w = W::ForThread();
-  // Qᵀ of every kv head's rows ([dqk, cols] each, zero columns past `rows`) and the outputs.
-  Acc* qt = w.Get(W::kQ, hk_n * dqk * cols);
-  Acc* o = w.Get(W::kAcc, hk_n * mrows * dv);
-  Acc* st = w.Get(W::kAcc2, kTile * cols);
-  Acc* kc = kInPlace ? nullptr : w.Get(W::kK, kTile * dqk);
-  Acc* vc = kInPlace ? nullptr : w.Get(W::kV, kTile * dv);
-  std::fill(qt, qt + hk_n * dqk * cols, Acc(0));
-  std::fill(o, o + hk_n * mrows * dv, Acc(0));
+  // Per kv head: its query rows ([rows, dqk]), outputs ([rows, dv]) and a chunk's scores
+  // ([rows, kTile]; row r = g * lq + i is query i of head hk * group + g).
+  Acc* q = w.Get(W::kQ, hk_n * rows * dqk);
+  Acc* o = w.Get(W::kAcc, hk_n * rows * dv);
+  Acc* sc = w.Get(W::kAcc2, hk_n * rows * kTile);
+  Acc* kc = kInPlace ? nullptr : w.Get(W::kK, kTile * ldk);
+  Acc* vc = kInPlace ? nullptr : w.Get(W::kV, kTile * ldv);
+  std::fill(o, o + hk_n * rows * dv, Acc(0));
   for (int64_t hk = 0; hk < hk_n; ++hk) {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t h = hk * group + r / s.lq, i = r % s.lq;
       const T* src = t.q + ((p.off_q[b] + i) * p.heads_q + h) * dqk;
-      for (int64_t d = 0; d < dqk; ++d) qt[(hk * dqk + d) * cols + r] = ToAcc<T, Acc>(src[d]);
+      for (int64_t d = 0; d < dqk; ++d) q[(hk * rows + r) * dqk + d] = ToAcc<T, Acc>(src[d]);
     }
   }
-  // Rows of w.s past `rows` stay zero: the P·V GEMM runs over whole register blocks.
-  for (int64_t r = rows; r < mrows; ++r) std::fill(w.s + r * kTile, w.s + (r + 1) * kTile, Acc(0));
-  // The key chunks in sequence order (a lambda would not inherit the entry's target
-  // attribute): keys j0.. of the sequence, n rows of [n, Nk, D] at k_rows / v_rows.
+  // The key chunks with visible keys, in sequence order (a lambda would not inherit the
+  // entry's target attribute): keys j0.. of the sequence, n rows of [n, Nk, D] at k_rows /
+  // v_rows.
   struct Chunk {
     const T* k_rows;
     const T* v_rows;
     int64_t j0, n;
   };
   std::vector<Chunk> chunks;
+  const auto add = [&](const T* k_rows, const T* v_rows, int64_t j0, int64_t n) {
+    if (HstuTileMaybeVisible(p, s, 0, s.lq, j0, j0 + n)) chunks.push_back({k_rows, v_rows, j0, n});
+  };
   int64_t j = 0;
   for (int64_t pg = t.page_offsets[b]; pg < t.page_offsets[b + 1]; ++pg) {
     const int64_t n = pg + 1 < t.page_offsets[b + 1] ? t.page_size : t.last_page_len[b];
     const T* page = t.kv_cache + t.page_ids[pg] * 2 * t.page_size * ldk;
     for (int64_t c0 = 0; c0 < n; c0 += kTile) {
-      chunks.push_back(
-          {page + c0 * ldk, page + (t.page_size + c0) * ldv, j + c0, std::min(kTile, n - c0)});
+      add(page + c0 * ldk, page + (t.page_size + c0) * ldv, j + c0, std::min(kTile, n - c0));
     }
     j += n;
   }
   const int64_t first = p.off_q[b + 1] - s.tgt;
   for (int64_t c0 = 0; c0 < s.tgt; c0 += kTile) {
-    chunks.push_back(
-        {t.k + (first + c0) * ldk, t.v + (first + c0) * ldv, j + c0, std::min(kTile, s.tgt - c0)});
+    add(t.k + (first + c0) * ldk, t.v + (first + c0) * ldv, j + c0, std::min(kTile, s.tgt - c0));
   }
-  // Before a chunk is computed, the next chunk's rows (all kv heads: contiguous) are read, one
-  // byte per cache line: independent loads that keep many misses in flight, where the GEMMs'
-  // own reads miss one row at a time. Measured on a Zen 3 VM: ~1.7x the decode's speed;
-  // software prefetch instructions gave nothing there.
-  const auto touch = [](const T* x, int64_t n) {
-    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(x);
-    unsigned sum = 0;
-    for (int64_t e = 0; e < n * static_cast<int64_t>(sizeof(T)); e += 64) sum += bytes[e];
-    asm volatile("" : : "r"(sum));
-  };
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const Chunk& ch = chunks[c];
+  PrefetchStream ahead;
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const Chunk& ch = chunks[ci];
     const int64_t j0 = ch.j0, n = ch.n;
-    if (c + 1 < chunks.size()) {
-      touch(chunks[c + 1].k_rows, chunks[c + 1].n * ldk);
-      touch(chunks[c + 1].v_rows, chunks[c + 1].n * ldv);
+    const int64_t steps_k = (n + kLanes - 1) / kLanes, steps_v = (n + kPvKeys - 1) / kPvKeys;
+    const Chunk* next = ci + 1 < chunks.size() ? &chunks[ci + 1] : nullptr;
+    const Acc* kr;
+    const Acc* vr;
+    if constexpr (kInPlace) {
+      kr = ch.k_rows;
+    } else {
+      for (int64_t e = 0; e < n * ldk; ++e) kc[e] = ToAcc<T, Acc>(ch.k_rows[e]);
+      kr = kc;
     }
-    if (!HstuTileMaybeVisible(p, s, 0, s.lq, j0, j0 + n)) continue;
-    for (int64_t hk = 0; hk < hk_n; ++hk) {
-      const Acc* kr;
-      const Acc* vr;
-      int64_t ld_k, ld_v;
-      if constexpr (kInPlace) {
-        kr = ch.k_rows + hk * dqk, ld_k = ldk;
-        vr = ch.v_rows + hk * dv, ld_v = ldv;
-      } else {
-        for (int64_t c = 0; c < n; ++c) {
-          for (int64_t d = 0; d < dqk; ++d) {
-            kc[c * dqk + d] = ToAcc<T, Acc>(ch.k_rows[c * ldk + hk * dqk + d]);
-          }
-          for (int64_t d = 0; d < dv; ++d) {
-            vc[c * dv + d] = ToAcc<T, Acc>(ch.v_rows[c * ldv + hk * dv + d]);
-          }
+    ahead.Start(ch.v_rows, n * ldv * sizeof(T), steps_k * hk_n * rows);
+    for (int64_t c0 = 0; c0 < n; c0 += kLanes) {
+      // The block's key rows; past the chunk's end, its last row again (lanes ignored).
+      int64_t offset[kLanes];
+      for (int64_t k = 0; k < kLanes; ++k) offset[k] = std::min(c0 + k, n - 1) * ldk;
+      for (int64_t hk = 0; hk < hk_n; ++hk) {
+        for (int64_t r = 0; r < rows; ++r) {
+          ahead.Step();
+          DotRows<Acc, I>(kr + hk * dqk, offset, q + (hk * rows + r) * dqk, dqk,
+                          sc + (hk * rows + r) * kTile + c0);
         }
-        kr = kc, ld_k = dqk, vr = vc, ld_v = dv;
       }
-      GemmAcc<Acc, I, /*kOverwrite=*/true>(n, cols, dqk, kr, ld_k, qt + hk * dqk * cols, cols, st,
-                                           cols);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < n; ++c) w.s[r * kTile + c] = st[c * cols + r];
-      }
+    }
+    for (int64_t hk = 0; hk < hk_n; ++hk) {
       for (int64_t g = 0; g < group; ++g) {
-        ScoreTile<T, Acc, I>(p, t, s, b, hk * group + g, 0, s.lq, j0, n, w.s + g * s.lq * kTile,
-                             nullptr, w);
+        ScoreTile<T, Acc, I>(p, t, s, b, hk * group + g, 0, s.lq, j0, n,
+                             sc + (hk * rows + g * s.lq) * kTile, nullptr, w);
       }
-      GemmAcc<Acc, I>(mrows, dv, n, w.s, kTile, vr, ld_v, o + hk * mrows * dv, dv);
+    }
+    if constexpr (kInPlace) {
+      vr = ch.v_rows;
+    } else {
+      for (int64_t e = 0; e < n * ldv; ++e) vc[e] = ToAcc<T, Acc>(ch.v_rows[e]);
+      vr = vc;
+    }
+    ahead.Start(next ? next->k_rows : nullptr, next ? next->n * ldk * sizeof(T) : 0,
+                steps_v * hk_n);
+    for (int64_t c0 = 0; c0 < n; c0 += kPvKeys) {
+      for (int64_t hk = 0; hk < hk_n; ++hk) {
+        ahead.Step();
+        FewRowsGemmAcc<Acc, I>(rows, dv, std::min(kPvKeys, n - c0), sc + hk * rows * kTile + c0,
+                               kTile, vr + c0 * ldv + hk * dv, ldv, o + hk * rows * dv, dv);
+      }
     }
   }
   for (int64_t hk = 0; hk < hk_n; ++hk) {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t h = hk * group + r / s.lq, i = r % s.lq;
       T* dst = t.out + ((p.off_q[b] + i) * p.heads_q + h) * dv;
-      const Acc* src = o + (hk * mrows + r) * dv;
+      const Acc* src = o + (hk * rows + r) * dv;
       for (int64_t d = 0; d < dv; ++d) dst[d] = FromAcc<T, Acc>(src[d]);
     }
   }

@@ -143,3 +143,21 @@ def test_lazy_adam_floor_tool_compiles_and_runs_a_tiny_step(tmp_path):
     assert all(float(us) > 0 for _, us in timed)
     bad = subprocess.run([binary, "10", "8", "11"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage" in bad.stderr
+def test_paged_read_floor_tool_compiles_and_runs_a_tiny_step(tmp_path):
+    # tools/paged_read_floor.cc: the read floor docs/benchmarks.md compares the paged decode to.
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                          "paged_read_floor.cc")
+    binary = str(tmp_path / "floor")
+    subprocess.run(["g++", "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", source, "-o",
+                    binary], check=True, capture_output=True, text=True)
+    out = subprocess.run([binary, "8", "100", "2", "16", "32", "3"], check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert out.startswith("B=8 cache<=100 H=2 D=16 page=32 float32: ")
+    timed = re.findall(r"^1 thread , (plain read|look-ahead): +median +([\d.]+) ms", out, re.M)
+    assert [name for name, _ in timed] == ["plain read", "look-ahead"]
+    assert all(float(ms) > 0 for _, ms in timed)
+    bad = subprocess.run([binary, "8", "100", "3", "5"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+

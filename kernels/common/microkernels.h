@@ -227,6 +227,138 @@ RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kAvx512)
 #endif
 #undef RECOPS_GEMM_DECLARE_
 
+// Pair sums of two vectors of W lanes for a transposing reduction (DotRows), in 128-bit
+// blocks of G lanes (4 floats or 2 doubles), so that each shuffle is one instruction:
+//  - within blocks (kCross false): block j of the result holds the sums of adjacent lane pairs
+//    of block j of a, then of b (shufps / shufpd);
+//  - across blocks (kCross true): the sums of adjacent block pairs of a, then of b
+//    (vperm2f128 / vshuff32x4).
+template <typename V, int W, int G, bool kCross>
+RECOPS_INLINE V PairSums(const V& a, const V& b) {
+#if defined(__clang__)
+#define RECOPS_SHUFFLE_(...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+  typedef std::conditional_t<sizeof(a[0]) == 4, int32_t, int64_t> Lane;
+  typedef Lane Mask __attribute__((vector_size(sizeof(V))));
+#define RECOPS_SHUFFLE_(...) __builtin_shuffle(a, b, Mask{__VA_ARGS__})
+#endif
+  if constexpr (!kCross && W == 2) {
+    return RECOPS_SHUFFLE_(0, 2) + RECOPS_SHUFFLE_(1, 3);
+  } else if constexpr (!kCross && G == 2 && W == 4) {
+    return RECOPS_SHUFFLE_(0, 4, 2, 6) + RECOPS_SHUFFLE_(1, 5, 3, 7);
+  } else if constexpr (!kCross && G == 2 && W == 8) {
+    return RECOPS_SHUFFLE_(0, 8, 2, 10, 4, 12, 6, 14) + RECOPS_SHUFFLE_(1, 9, 3, 11, 5, 13, 7, 15);
+  } else if constexpr (!kCross && W == 4) {
+    return RECOPS_SHUFFLE_(0, 2, 4, 6) + RECOPS_SHUFFLE_(1, 3, 5, 7);
+  } else if constexpr (!kCross && W == 8) {
+    return RECOPS_SHUFFLE_(0, 2, 8, 10, 4, 6, 12, 14) + RECOPS_SHUFFLE_(1, 3, 9, 11, 5, 7, 13, 15);
+  } else if constexpr (!kCross && W == 16) {
+    return RECOPS_SHUFFLE_(0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30) +
+           RECOPS_SHUFFLE_(1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
+  } else if constexpr (G == 2 && W == 4) {
+    return RECOPS_SHUFFLE_(0, 1, 4, 5) + RECOPS_SHUFFLE_(2, 3, 6, 7);
+  } else if constexpr (G == 2 && W == 8) {
+    return RECOPS_SHUFFLE_(0, 1, 4, 5, 8, 9, 12, 13) + RECOPS_SHUFFLE_(2, 3, 6, 7, 10, 11, 14, 15);
+  } else if constexpr (W == 8) {
+    return RECOPS_SHUFFLE_(0, 1, 2, 3, 8, 9, 10, 11) + RECOPS_SHUFFLE_(4, 5, 6, 7, 12, 13, 14, 15);
+  } else {
+    static_assert(W == 16 && G == 4, "vectors of 2, 4, 8 or 16 lanes in 128-bit blocks");
+    return RECOPS_SHUFFLE_(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           RECOPS_SHUFFLE_(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+#undef RECOPS_SHUFFLE_
+}
+
+// out[k] = Σ_d a[offset[k] + d] · x[d] for the W rows k of a at offset[k] (W: the vector's
+// lanes), as one vector stored at out: dot products of a few long rows with one vector, in
+// vectors over d, then the W accumulators reduced together (a transposing reduction: log2(W)
+// rounds of PairSums, no horizontal sum per row). For a decode step's scores, a few query
+// rows against many keys, where a GEMM with the keys as its rows would pad the query side to
+// a whole vector. Each lane sums d = l, l + W, ... in order, then the lanes in a fixed tree.
+template <typename Acc, Isa I>
+RECOPS_INLINE void DotRows(const Acc* a, const int64_t* offset, const Acc* x, int64_t dim,
+                           Acc* out) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int W = IsaVec<Acc, I>::kLanes, G = 16 / sizeof(Acc);
+  V acc[W];
+  for (int k = 0; k < W; ++k) acc[k] = V{};
+  const int64_t whole = dim / W * W;
+  for (int64_t d = 0; d < whole; d += W) {
+    const V xv = LoadVec<V>(x + d);
+    for (int k = 0; k < W; ++k) acc[k] += LoadVec<V>(a + offset[k] + d) * xv;
+  }
+  int n = W;
+#pragma GCC unroll 4
+  for (; n > W / G; n /= 2) {
+#pragma GCC unroll 8
+    for (int k = 0; k < n / 2; ++k) acc[k] = PairSums<V, W, G, false>(acc[2 * k], acc[2 * k + 1]);
+  }
+  if constexpr (W > G) {
+#pragma GCC unroll 4
+    for (; n > 1; n /= 2) {
+#pragma GCC unroll 8
+      for (int k = 0; k < n / 2; ++k) acc[k] = PairSums<V, W, G, true>(acc[2 * k], acc[2 * k + 1]);
+    }
+  }
+  V sum = acc[0];
+  for (int64_t d = whole; d < dim; ++d) {
+    for (int k = 0; k < W; ++k) sum[k] += a[offset[k] + d] * x[d];
+  }
+  StoreVec(out, sum);
+}
+
+// C[M x N] += A[M x K] · B[K x N] for a few rows M (row-major, leading dimensions lda, ldb,
+// ldc): a decode step's O += P·V, where GemmAcc's register block would pad M to kGemmRows
+// rows. Blocks of 2 rows x 4 vectors keep 8 independent FMA chains; every element is summed
+// in k order from C's value, as GemmAcc sums it.
+template <typename Acc, Isa I, int RR, int CV>
+RECOPS_INLINE void FewRowsBlock(int64_t K, const Acc* a, int64_t lda, const Acc* b, int64_t ldb,
+                                Acc* c, int64_t ldc) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int W = IsaVec<Acc, I>::kLanes;
+  V acc[RR][CV];
+  for (int r = 0; r < RR; ++r) {
+    for (int u = 0; u < CV; ++u) acc[r][u] = LoadVec<V>(c + r * ldc + u * W);
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    V bk[CV];
+    for (int u = 0; u < CV; ++u) bk[u] = LoadVec<V>(b + k * ldb + u * W);
+    for (int r = 0; r < RR; ++r) {
+      const Acc x = a[r * lda + k];
+      for (int u = 0; u < CV; ++u) acc[r][u] += x * bk[u];
+    }
+  }
+  for (int r = 0; r < RR; ++r) {
+    for (int u = 0; u < CV; ++u) StoreVec(c + r * ldc + u * W, acc[r][u]);
+  }
+}
+
+template <typename Acc, Isa I>
+RECOPS_INLINE void FewRowsGemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
+                                  const Acc* b, int64_t ldb, Acc* c, int64_t ldc) {
+  constexpr int W = IsaVec<Acc, I>::kLanes;
+  int64_t n0 = 0;
+  for (; n0 + 4 * W <= N; n0 += 4 * W) {
+    int64_t i = 0;
+    for (; i + 2 <= M; i += 2) {
+      FewRowsBlock<Acc, I, 2, 4>(K, a + i * lda, lda, b + n0, ldb, c + i * ldc + n0, ldc);
+    }
+    if (i < M) FewRowsBlock<Acc, I, 1, 4>(K, a + i * lda, lda, b + n0, ldb, c + i * ldc + n0, ldc);
+  }
+  for (; n0 + W <= N; n0 += W) {
+    for (int64_t i = 0; i < M; ++i) {
+      FewRowsBlock<Acc, I, 1, 1>(K, a + i * lda, lda, b + n0, ldb, c + i * ldc + n0, ldc);
+    }
+  }
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t n = n0; n < N; ++n) {
+      Acc sum = c[i * ldc + n];
+      for (int64_t k = 0; k < K; ++k) sum += a[i * lda + k] * b[k * ldb + n];
+      c[i * ldc + n] = sum;
+    }
+  }
+}
+
 // dst [cols, rows] = srcᵀ for a row-major src [rows, cols], converted to Acc, in 16 x 16 tiles
 // (the strided side then stays within a few cache lines per tile; transposing straight
 // through a 256 x 256 block strides 1 KB per element).

@@ -1,0 +1,96 @@
+// Unit test of the decode step's building blocks in kernels/common/microkernels.h: DotRows (dot
+// products reduced through PairSums' constant shuffles) and FewRowsGemmAcc must equal plain
+// double sums, at every instruction set's vector width. The widths are GCC vector types, so the
+// AVX-512 forms (16 floats, 8 doubles) compile and run as generic vectors on any CPU: a machine
+// without AVX-512 still checks their shuffle masks. Built and run by tests/test_cc_units.py.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/common/microkernels.h"
+
+using recops::Isa;
+
+namespace {
+
+int bad = 0;
+
+void Expect(bool ok, const char* what, int lanes, int64_t a, int64_t b, int64_t c) {
+  if (!ok && bad++ < 20)
+    std::printf("%s, %d lanes: wrong at (%lld, %lld, %lld)\n", what, lanes,
+                static_cast<long long>(a), static_cast<long long>(b), static_cast<long long>(c));
+}
+
+template <typename Acc, Isa I>
+void CheckDotRows(std::mt19937_64& rng) {
+  constexpr int W = recops::IsaVec<Acc, I>::kLanes;
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int64_t dim : {1, 3, 8, 16, 20, 64, 70}) {
+    const int64_t lda = dim + 5;
+    std::vector<Acc> a(W * lda), x(dim);
+    for (Acc& v : a) v = static_cast<Acc>(u(rng));
+    for (Acc& v : x) v = static_cast<Acc>(u(rng));
+    // Rows in a shuffled order, and some repeated (as past a chunk's end).
+    int64_t offset[W];
+    for (int k = 0; k < W; ++k) offset[k] = ((k * 5 + 3) % W) * lda;
+    if (W > 2) offset[W - 1] = offset[W - 2];
+    Acc out[W];
+    recops::DotRows<Acc, I>(a.data(), offset, x.data(), dim, out);
+    for (int k = 0; k < W; ++k) {
+      double exact = 0;
+      for (int64_t d = 0; d < dim; ++d) exact += static_cast<double>(a[offset[k] + d]) * x[d];
+      Expect(std::fabs(exact - out[k]) <= 1e-5 * (1 + std::fabs(exact)), "DotRows", W, dim, k, 0);
+    }
+  }
+}
+
+template <typename Acc, Isa I>
+void CheckFewRows(std::mt19937_64& rng) {
+  constexpr int W = recops::IsaVec<Acc, I>::kLanes;
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int64_t m = 1; m <= 5; ++m) {
+    for (int64_t n : {1, 7, 20, 64, 70}) {
+      for (int64_t k : {1, 8, 13}) {
+        const int64_t lda = k + 3, ldb = n + 2, ldc = n + 1;
+        std::vector<Acc> a(m * lda), b(k * ldb), c(m * ldc);
+        for (Acc& v : a) v = static_cast<Acc>(u(rng));
+        for (Acc& v : b) v = static_cast<Acc>(u(rng));
+        for (Acc& v : c) v = static_cast<Acc>(u(rng));
+        std::vector<Acc> before = c;
+        recops::FewRowsGemmAcc<Acc, I>(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < ldc; ++j) {
+            double exact = before[i * ldc + j];
+            if (j < n) {
+              for (int64_t e = 0; e < k; ++e)
+                exact += static_cast<double>(a[i * lda + e]) * b[e * ldb + j];
+            }
+            // Columns past n (the row's padding) must stay untouched.
+            Expect(std::fabs(exact - c[i * ldc + j]) <= 1e-5 * (1 + std::fabs(exact)),
+                   "FewRowsGemmAcc", W, m, n, k);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <Isa I>
+void CheckIsa(std::mt19937_64& rng) {
+  CheckDotRows<float, I>(rng);
+  CheckDotRows<double, I>(rng);
+  CheckFewRows<float, I>(rng);
+  CheckFewRows<double, I>(rng);
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937_64 rng(11);
+  CheckIsa<Isa::kBase>(rng);
+  CheckIsa<Isa::kAvx2>(rng);
+  CheckIsa<Isa::kAvx512>(rng);
+  std::printf("%s\n", bad ? "FAILED" : "OK");
+  return bad ? 1 : 0;
+}
