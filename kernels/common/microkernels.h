@@ -269,6 +269,15 @@ RECOPS_INLINE V PairSums(const V& a, const V& b) {
 #undef RECOPS_SHUFFLE_
 }
 
+// One round of a transposing reduction of n vectors into n / 2 (acc[k] = PairSums of acc[2k],
+// acc[2k + 1]), then the next rounds: within 128-bit blocks while n > W / G, across them after.
+template <typename V, int W, int G, int N>
+RECOPS_INLINE void PairRounds(V* acc) {
+  for (int k = 0; k < N / 2; ++k)
+    acc[k] = PairSums<V, W, G, (N <= W / G)>(acc[2 * k], acc[2 * k + 1]);
+  if constexpr (N > 2) PairRounds<V, W, G, N / 2>(acc);
+}
+
 // out[k] = Σ_d a[offset[k] + d] · x[d] for the W rows k of a at offset[k] (W: the vector's
 // lanes), as one vector stored at out: dot products of a few long rows with one vector, in
 // vectors over d, then the W accumulators reduced together (a transposing reduction: log2(W)
@@ -287,19 +296,7 @@ RECOPS_INLINE void DotRows(const Acc* a, const int64_t* offset, const Acc* x, in
     const V xv = LoadVec<V>(x + d);
     for (int k = 0; k < W; ++k) acc[k] += LoadVec<V>(a + offset[k] + d) * xv;
   }
-  int n = W;
-#pragma GCC unroll 4
-  for (; n > W / G; n /= 2) {
-#pragma GCC unroll 8
-    for (int k = 0; k < n / 2; ++k) acc[k] = PairSums<V, W, G, false>(acc[2 * k], acc[2 * k + 1]);
-  }
-  if constexpr (W > G) {
-#pragma GCC unroll 4
-    for (; n > 1; n /= 2) {
-#pragma GCC unroll 8
-      for (int k = 0; k < n / 2; ++k) acc[k] = PairSums<V, W, G, true>(acc[2 * k], acc[2 * k + 1]);
-    }
-  }
+  PairRounds<V, W, G, W>(acc);
   V sum = acc[0];
   for (int64_t d = whole; d < dim; ++d) {
     for (int k = 0; k < W; ++k) sum[k] += a[offset[k] + d] * x[d];
