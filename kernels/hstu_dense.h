@@ -319,7 +319,19 @@ RECOPS_INLINE void PackTiles(const T* x, int64_t heads, int64_t head, int64_t di
     } else if (rows < kTile) {  // the padding rows
       std::fill(tile + rows * dim, tile + kTile * dim, Acc(0));
     }
-    for (int64_t r = 0; r < rows; ++r) {
+    int64_t r = 0;
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<Acc, float>) {
+      // Float keys: eight rows at a time through register transposes (element by element,
+      // the scattered stores made the transposed pack ~2x the plain one).
+      for (; transpose && dim % 8 == 0 && r + 8 <= rows; r += 8) {
+        const T* src = base + (t0 + r) * ld;
+        for (int64_t a = 0; a < 8 && t0 + r + a + kAhead < n; ++a) {
+          for (int64_t d = 0; d < dim; d += kLine) __builtin_prefetch(src + (kAhead + a) * ld + d);
+        }
+        TransposeRows8(src, ld, dim, tile + r, kTile);
+      }
+    }
+    for (; r < rows; ++r) {
       const T* src = base + (t0 + r) * ld;
       if (t0 + r + kAhead < n) {
         for (int64_t d = 0; d < dim; d += kLine) __builtin_prefetch(src + kAhead * ld + d);

@@ -356,6 +356,40 @@ RECOPS_INLINE void FewRowsGemmAcc(int64_t M, int64_t N, int64_t K, const Acc* a,
   }
 }
 
+// Eight float rows of `dim` values (a multiple of 8) at src, src + ld, ... written transposed:
+// value d of row r to dst[d * ldd + r] (8 consecutive floats per d), through 8 x 8 register
+// transposes (three rounds of constant shuffles) instead of one scattered store per value.
+RECOPS_INLINE void TransposeRows8(const float* src, int64_t ld, int64_t dim, float* dst,
+                                  int64_t ldd) {
+  typedef float V8 __attribute__((vector_size(32)));
+#if defined(__clang__)
+#define RECOPS_SHUFFLE8_(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+  typedef int32_t M8 __attribute__((vector_size(32)));
+#define RECOPS_SHUFFLE8_(a, b, ...) __builtin_shuffle(a, b, M8{__VA_ARGS__})
+#endif
+  for (int64_t d0 = 0; d0 < dim; d0 += 8) {
+    V8 x[8], t[8], u[8];
+    for (int r = 0; r < 8; ++r) x[r] = LoadVec<V8>(src + r * ld + d0);
+    for (int r = 0; r < 8; r += 2) {  // interleave row pairs within 128-bit halves
+      t[r] = RECOPS_SHUFFLE8_(x[r], x[r + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+      t[r + 1] = RECOPS_SHUFFLE8_(x[r], x[r + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int h = 0; h < 8; h += 4) {  // pairs of pairs: 4 rows' values d, d + 4 per vector
+      for (int j = 0; j < 2; ++j) {
+        u[h + 2 * j] = RECOPS_SHUFFLE8_(t[h + j], t[h + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[h + 2 * j + 1] = RECOPS_SHUFFLE8_(t[h + j], t[h + j + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+      }
+    }
+    for (int c = 0; c < 4; ++c) {  // the two row quads' halves: columns c and c + 4
+      StoreVec(dst + (d0 + c) * ldd, RECOPS_SHUFFLE8_(u[c], u[c + 4], 0, 1, 2, 3, 8, 9, 10, 11));
+      StoreVec(dst + (d0 + c + 4) * ldd,
+               RECOPS_SHUFFLE8_(u[c], u[c + 4], 4, 5, 6, 7, 12, 13, 14, 15));
+    }
+  }
+#undef RECOPS_SHUFFLE8_
+}
+
 // dst [cols, rows] = srcᵀ for a row-major src [rows, cols], converted to Acc, in 16 x 16 tiles
 // (the strided side then stays within a few cache lines per tile; transposing straight
 // through a 256 x 256 block strides 1 KB per element).

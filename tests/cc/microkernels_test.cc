@@ -76,6 +76,23 @@ void CheckFewRows(std::mt19937_64& rng) {
   }
 }
 
+void CheckTransposeRows8(std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int64_t dim : {8, 16, 64}) {
+    const int64_t ld = dim * 3 + 8, ldd = 64 + 4;
+    std::vector<float> src(8 * ld), dst(dim * ldd, 7.0f);
+    for (float& v : src) v = u(rng);
+    recops::TransposeRows8(src.data(), ld, dim, dst.data() + 2, ldd);
+    for (int64_t d = 0; d < dim; ++d) {
+      for (int64_t c = 0; c < ldd; ++c) {
+        const bool inside = c >= 2 && c < 10;
+        const float want = inside ? src[(c - 2) * ld + d] : 7.0f;  // nothing else written
+        Expect(dst[d * ldd + c] == want, "TransposeRows8", 8, dim, d, c);
+      }
+    }
+  }
+}
+
 template <Isa I>
 void CheckIsa(std::mt19937_64& rng) {
   CheckDotRows<float, I>(rng);
@@ -91,6 +108,7 @@ int main() {
   CheckIsa<Isa::kBase>(rng);
   CheckIsa<Isa::kAvx2>(rng);
   CheckIsa<Isa::kAvx512>(rng);
+  CheckTransposeRows8(rng);
   std::printf("%s\n", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
