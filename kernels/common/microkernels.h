@@ -60,9 +60,12 @@ RECOPS_INLINE V LoadVec(const Acc* p) {
   return v;
 }
 
+// A store through an unaligned, may_alias vector type (as the intrinsics' own storeu): with a
+// memcpy, GCC merged a GEMM block's contiguous stores into one copy through the stack.
 template <typename V, typename Acc>
 RECOPS_INLINE void StoreVec(Acc* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
+  typedef V Unaligned __attribute__((aligned(alignof(Acc)), may_alias));
+  *reinterpret_cast<Unaligned*>(p) = v;
 }
 
 // Rows of C a GEMM block keeps in registers, with 2 vectors per row: 8 x 2 fit AVX-512's 32
@@ -125,6 +128,47 @@ RECOPS_INLINE void GemmVecColumn(int64_t M, int64_t k0, int64_t kc, const Acc* a
   for (; i < M; ++i) GemmVecRows<Acc, I, 1, kTransA>(i, k0, kc, a, lda, b, ldb, c, ldc, nc, zero);
 }
 
+// Columns [0, NV * W) of C (+)= A times B (B and C pointing at the block's first column): R
+// rows x NV vectors of C in registers at a time, then the last M mod R rows one at a time.
+// Each element is one FMA chain over k ascending, as on every other path.
+template <typename Acc, Isa I, bool kOverwrite, bool kTransA, int NV>
+RECOPS_INLINE void GemmColumnBlock(int64_t M, int64_t K, const Acc* a, int64_t lda, const Acc* B,
+                                   int64_t ldb, Acc* C, int64_t ldc) {
+  constexpr int R = kGemmRows<I>;
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  const auto A = [&](int64_t i, int64_t k) -> Acc {
+    return kTransA ? a[k * lda + i] : a[i * lda + k];
+  };
+  const auto load_c = [&](int64_t offset) { return kOverwrite ? V{} : LoadVec<V>(C + offset); };
+  int64_t i = 0;
+  for (; i + R <= M; i += R) {
+    V c[R][NV];
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) c[r][v] = load_c((i + r) * ldc + v * W);
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      V b[NV];
+      for (int v = 0; v < NV; ++v) b[v] = LoadVec<V>(B + k * ldb + v * W);
+      for (int r = 0; r < R; ++r) {
+        const Acc x = A(i + r, k);
+        for (int v = 0; v < NV; ++v) c[r][v] += x * b[v];
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) StoreVec(C + (i + r) * ldc + v * W, c[r][v]);
+    }
+  }
+  for (; i < M; ++i) {
+    V c[NV];
+    for (int v = 0; v < NV; ++v) c[v] = load_c(i * ldc + v * W);
+    for (int64_t k = 0; k < K; ++k) {
+      for (int v = 0; v < NV; ++v) c[v] += A(i, k) * LoadVec<V>(B + k * ldb + v * W);
+    }
+    for (int v = 0; v < NV; ++v) StoreVec(C + i * ldc + v * W, c[v]);
+  }
+}
+
 // C[M x N] (+)= A[M x K] * B[K x N] in vectors of instruction set I; row-major with leading
 // dimensions lda, ldb, ldc. With kOverwrite, C is written without being read (C = A * B);
 // with kTransA, A is stored transposed (element (i, k) at A[k * lda + i]: C += Aᵀ·B of a
@@ -142,45 +186,17 @@ RECOPS_INLINE void GemmVecColumn(int64_t M, int64_t k0, int64_t kc, const Acc* a
 template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
 RECOPS_INLINE void GemmAccBody(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
                                const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
-  constexpr int R = kGemmRows<I>;
-  const auto A = [&](int64_t i, int64_t k) -> Acc {
-    return kTransA ? a[k * lda + i] : a[i * lda + k];
-  };
-  using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
-  const auto load_c = [&](int64_t offset) { return kOverwrite ? V{} : LoadVec<V>(C + offset); };
   int64_t n0 = 0;
-  for (; n0 + 2 * W <= N; n0 += 2 * W) {
-    int64_t i = 0;
-    for (; i + R <= M; i += R) {
-      V c[R][2];
-      for (int r = 0; r < R; ++r) {
-        c[r][0] = load_c((i + r) * ldc + n0);
-        c[r][1] = load_c((i + r) * ldc + n0 + W);
-      }
-      for (int64_t k = 0; k < K; ++k) {
-        const V b0 = LoadVec<V>(B + k * ldb + n0), b1 = LoadVec<V>(B + k * ldb + n0 + W);
-        for (int r = 0; r < R; ++r) {
-          const Acc x = A(i + r, k);
-          c[r][0] += x * b0;
-          c[r][1] += x * b1;
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        StoreVec(C + (i + r) * ldc + n0, c[r][0]);
-        StoreVec(C + (i + r) * ldc + n0 + W, c[r][1]);
-      }
-    }
-    for (; i < M; ++i) {
-      V c0 = load_c(i * ldc + n0), c1 = load_c(i * ldc + n0 + W);
-      for (int64_t k = 0; k < K; ++k) {
-        c0 += A(i, k) * LoadVec<V>(B + k * ldb + n0);
-        c1 += A(i, k) * LoadVec<V>(B + k * ldb + n0 + W);
-      }
-      StoreVec(C + i * ldc + n0, c0);
-      StoreVec(C + i * ldc + n0 + W, c1);
-    }
+  // AVX2: blocks of R rows x 3 vectors first (12 accumulators, the 3 B vectors and the
+  // broadcast fill the 16 registers), then of 2 vectors. 8 accumulators are just the FMA
+  // pipes' latency x throughput (2 x 4 on Zen 3), with no slack for the loads.
+  if constexpr (I == Isa::kAvx2) {
+    for (; n0 + 3 * W <= N; n0 += 3 * W)
+      GemmColumnBlock<Acc, I, kOverwrite, kTransA, 3>(M, K, a, lda, B + n0, ldb, C + n0, ldc);
   }
+  for (; n0 + 2 * W <= N; n0 += 2 * W)
+    GemmColumnBlock<Acc, I, kOverwrite, kTransA, 2>(M, K, a, lda, B + n0, ldb, C + n0, ldc);
   if (n0 + W <= N) {
     GemmVecColumn<Acc, I, kTransA>(M, 0, K, a, lda, B + n0, ldb, C + n0, ldc, W, kOverwrite);
     n0 += W;

@@ -1,6 +1,7 @@
-// Unit test of the decode step's building blocks in kernels/common/microkernels.h: DotRows (dot
-// products reduced through PairSums' constant shuffles) and FewRowsGemmAcc must equal plain
-// double sums, at every instruction set's vector width. The widths are GCC vector types, so the
+// Unit test of building blocks in kernels/common/microkernels.h: DotRows (dot products reduced
+// through PairSums' constant shuffles) and FewRowsGemmAcc must equal plain double sums, and the
+// tile GEMM (GemmAccBody, every variant and register block) a scalar k-ascending sum bit for bit,
+// at every instruction set's vector width. The widths are GCC vector types, so the
 // AVX-512 forms (16 floats, 8 doubles) compile and run as generic vectors on any CPU: a machine
 // without AVX-512 still checks their shuffle masks. Built and run by tests/test_cc_units.py.
 #include <cmath>
@@ -76,6 +77,46 @@ void CheckFewRows(std::mt19937_64& rng) {
   }
 }
 
+// GemmAccBody<Acc, I, kOverwrite, kTransA> against C[i][j] (+)= sum over k ascending of
+// A(i, k) * B[k][j], one scalar multiply and add at a time: the same rounding (this file is
+// compiled without FMA contraction), so equal bit for bit, on shapes reaching every block
+// (R x 3 vectors on AVX2, R x 2, one vector, the zero-padded last columns; the row tails).
+template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
+void CheckGemm(std::mt19937_64& rng) {
+  constexpr int W = recops::IsaVec<Acc, I>::kLanes;
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int64_t m : {1, 3, 4, 5, 8, 13, 64}) {
+    for (int64_t n : {1, 7, 8, 9, 16, 23, 24, 25, 40, 48, 50, 64, 70}) {
+      for (int64_t k : {1, 17, 64}) {
+        const int64_t lda = (kTransA ? m : k) + 3, ldb = n + 2, ldc = n + 1;
+        std::vector<Acc> a((kTransA ? k : m) * lda), b(k * ldb), c(m * ldc);
+        for (Acc& v : a) v = static_cast<Acc>(u(rng));
+        for (Acc& v : b) v = static_cast<Acc>(u(rng));
+        for (Acc& v : c) v = static_cast<Acc>(u(rng));
+        std::vector<Acc> want = c;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            volatile Acc sum = kOverwrite ? Acc(0) : want[i * ldc + j];
+            for (int64_t e = 0; e < k; ++e) {
+              const Acc x = kTransA ? a[e * lda + i] : a[i * lda + e];
+              const Acc product = x * b[e * ldb + j];
+              sum = sum + product;
+            }
+            want[i * ldc + j] = sum;
+          }
+        }
+        recops::GemmAccBody<Acc, I, kOverwrite, kTransA>(m, n, k, a.data(), lda, b.data(), ldb,
+                                                         c.data(), ldc);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < ldc; ++j) {  // columns past n must stay untouched
+            Expect(c[i * ldc + j] == want[i * ldc + j], "GemmAccBody", W, m, n, k);
+          }
+        }
+      }
+    }
+  }
+}
+
 void CheckTransposeRows8(std::mt19937_64& rng) {
   std::uniform_real_distribution<float> u(-1, 1);
   for (int64_t dim : {8, 16, 64}) {
@@ -99,6 +140,12 @@ void CheckIsa(std::mt19937_64& rng) {
   CheckDotRows<double, I>(rng);
   CheckFewRows<float, I>(rng);
   CheckFewRows<double, I>(rng);
+  CheckGemm<float, I, false, false>(rng);
+  CheckGemm<float, I, false, true>(rng);
+  CheckGemm<float, I, true, false>(rng);
+  CheckGemm<float, I, true, true>(rng);
+  CheckGemm<double, I, false, false>(rng);
+  CheckGemm<double, I, true, true>(rng);
 }
 
 }  // namespace
