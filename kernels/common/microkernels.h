@@ -173,16 +173,17 @@ RECOPS_INLINE void GemmColumnBlock(int64_t M, int64_t K, const Acc* a, int64_t l
 // dimensions lda, ldb, ldc. With kOverwrite, C is written without being read (C = A * B);
 // with kTransA, A is stored transposed (element (i, k) at A[k * lda + i]: C += Aᵀ·B of a
 // row-major [K x M] A, which costs nothing extra since A is only ever broadcast element by
-// element). The main block keeps R = kGemmRows<I> rows x 2 vectors of C in registers; on
-// L1-resident 64 x 64 float tiles it ran at 143 GFLOP/s on one core of the development
-// machine (AVX-512; TF's own matmul: ~130 per core), 17% slower with B rows 1 KB apart: keep
-// B contiguous. A last single vector of columns runs in blocks of rows (GemmVecColumn), and
-// the last N mod W columns likewise through a zero-padded copy of B's last columns (with
-// D = 50 heads a scalar column was a chain of K dependent FMAs per element, 2/3 of a tile
-// GEMM's time). M that is not a multiple of R falls to slower paths: pad instead. Every
-// element of C is the same sum in the same order (k ascending) on every path and at every
-// vector width.
-// This is the body; kernels call GemmAcc (below), its one compiled copy per variant.
+// element). The main block keeps R = kGemmRows<I> rows x 2 vectors of C in registers (on
+// AVX2, R x 3 first: GemmColumnBlock); on L1-resident 64 x 64 float tiles it ran at 143
+// GFLOP/s on one core of the development machine (AVX-512; TF's own matmul: ~130 per core),
+// 17% slower with B rows 1 KB apart: keep B contiguous. On a Zen 3 core (AVX2, 2.45 GHz), R x 3
+// gave 59-69 GFLOP/s plain and 64-73 with A transposed, against 52-65 and 37-55 for R x 2. A last
+// single vector of columns runs in blocks of rows (GemmVecColumn), and the last N mod W columns
+// likewise through a zero-padded copy of B's last columns (with D = 50 heads a scalar column was a
+// chain of K dependent FMAs per element, 2/3 of a tile GEMM's time). M that is not a multiple of R
+// falls to slower paths: pad instead. Every element of C is the same sum in the same order (k
+// ascending) on every path and at every vector width. This is the body; kernels call GemmAcc
+// (below), its one compiled copy per variant.
 template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
 RECOPS_INLINE void GemmAccBody(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
                                const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
