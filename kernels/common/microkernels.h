@@ -191,9 +191,10 @@ RECOPS_INLINE void GemmAccBody(int64_t M, int64_t N, int64_t K, const Acc* a, in
   int64_t n0 = 0;
   // AVX2: blocks of R rows x 3 vectors first (12 accumulators, the 3 B vectors and the
   // broadcast fill the 16 registers), then of 2 vectors. 8 accumulators are just the FMA
-  // pipes' latency x throughput (2 x 4 on Zen 3), with no slack for the loads.
+  // pipes' latency x throughput (2 x 4 on Zen 3), with no slack for the loads. A 3-vector
+  // block is skipped where it would leave one lone vector of columns (N = 32: 2 + 2, not 3 + 1).
   if constexpr (I == Isa::kAvx2) {
-    for (; n0 + 3 * W <= N; n0 += 3 * W)
+    for (; n0 + 3 * W <= N && (N - n0 - 3 * W < W || N - n0 - 3 * W >= 2 * W); n0 += 3 * W)
       GemmColumnBlock<Acc, I, kOverwrite, kTransA, 3>(M, K, a, lda, B + n0, ldb, C + n0, ldc);
   }
   for (; n0 + 2 * W <= N; n0 += 2 * W)
