@@ -68,8 +68,9 @@ RECOPS_INLINE void StoreVec(Acc* p, const V& v) {
   *reinterpret_cast<Unaligned*>(p) = v;
 }
 
-// Rows of C a GEMM block keeps in registers, with 2 vectors per row: 8 x 2 fit AVX-512's 32
-// registers, 4 x 2 the 16 of AVX2 (8 accumulators, 2 B vectors, the broadcast A element).
+// Rows of C a GEMM block keeps in registers: 8 x 2 vectors fit AVX-512's 32 registers; on AVX2,
+// 4 x 3 fill the 16 (12 accumulators, 3 B vectors, the broadcast A element), with 4 x 2 blocks
+// for the remaining columns.
 template <Isa I>
 constexpr int kGemmRows = I == Isa::kAvx512 ? 8 : 4;
 
