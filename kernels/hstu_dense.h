@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/common/dispatch.h"
 #include "kernels/common/dtypes.h"
 #include "kernels/common/microkernels.h"
 #include "kernels/relative_attn_bias.h"
@@ -530,23 +531,38 @@ RECOPS_INLINE void FuxiBiasTile(const HstuProblem& p, const HstuTensors<T>& t, c
   }
 }
 
+// A tile GEMM of dtype T's kernels (GemmAcc's arguments): for bfloat16 on the CPU's bfloat16
+// dot products where it has them (GemmBf16: every operand of these GEMMs is a bfloat16 number,
+// packed from the inputs or rounded to T before it is multiplied), otherwise GemmAcc.
+template <typename T, typename Acc, Isa I, bool kOverwrite = false, bool kTransA = false>
+RECOPS_INLINE void TileGemm(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
+                            const Acc* b, int64_t ldb, Acc* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16> && I == Isa::kAvx512) {
+    if (Bf16DotPath()) {
+      GemmBf16<kOverwrite, kTransA>(M, N, K, a, lda, b, ldb, c, ldc);
+      return;
+    }
+  }
+  GemmAcc<Acc, I, kOverwrite, kTransA>(M, N, K, a, lda, b, ldb, c, ldc);
+}
+
 // C tile [kTile x kTile] = A row tile (mq rows, ld dim) times a transposed tile (all kTile
 // columns; padding columns give zeros): S = Q·Kᵀ or dP = dO·Vᵀ. With `bound`, block r / R of
 // R rows only computes its first bound[r / R] columns (rounded up to the GEMM's column block);
 // the rest of its row is left as it was.
-template <typename Acc, Isa I>
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void TileTimesT(const Acc* a, int64_t mq, int64_t dim, const Acc* bt, Acc* c,
                               const int64_t* bound = nullptr) {
   constexpr int R = kGemmRows<I>;
   if (bound == nullptr) {
-    GemmAcc<Acc, I, true>(RoundRows<I>(mq), kTile, dim, a, dim, bt, kTile, c, kTile);
+    TileGemm<T, Acc, I, true>(RoundRows<I>(mq), kTile, dim, a, dim, bt, kTile, c, kTile);
     return;
   }
   constexpr int64_t kPair = 2 * IsaVec<Acc, I>::kLanes;
   for (int64_t r = 0; r < mq; r += R) {
     if (bound[r / R] == 0) continue;
-    GemmAcc<Acc, I, true>(R, std::min(kTile, (bound[r / R] + kPair - 1) / kPair * kPair), dim,
-                          a + r * dim, dim, bt, kTile, c + r * kTile, kTile);
+    TileGemm<T, Acc, I, true>(R, std::min(kTile, (bound[r / R] + kPair - 1) / kPair * kPair), dim,
+                              a + r * dim, dim, bt, kTile, c + r * kTile, kTile);
   }
 }
 
@@ -570,8 +586,8 @@ RECOPS_INLINE void TileScoresBody(const HstuProblem& p, const HstuTensors<T>& t,
   }
   const int64_t* bound = w.partial ? w.bound : nullptr;
   if (p.rel_bias()) RelBiasTile<T, Acc, I>(p, t, s, b, i0, mq, j0, nk, w);
-  TileTimesT<Acc, I>(q, mq, p.dim_qk, kt, w.s, bound);
-  if (dout != nullptr) TileTimesT<Acc, I>(dout, mq, p.dim_v, vt, w.dp, bound);
+  TileTimesT<T, Acc, I>(q, mq, p.dim_qk, kt, w.s, bound);
+  if (dout != nullptr) TileTimesT<T, Acc, I>(dout, mq, p.dim_v, vt, w.dp, bound);
   ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, dout != nullptr ? w.dp : nullptr, w);
 }
 
@@ -609,37 +625,37 @@ RECOPS_INLINE void TileScores(const HstuProblem& p, const HstuTensors<T>& t, con
 
 // C (+)= the scored tile's rows (w.s or w.dp, mq x nk) times B (nk rows, ld ldb): P·V or
 // dS·K; per row block up to its bound on a partial tile.
-template <typename Acc, Isa I>
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void ScoresTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64_t mq, int64_t nk,
                                const Acc* b, int64_t n, Acc* c) {
   constexpr int R = kGemmRows<I>;
   if (!w.partial) {
-    GemmAcc<Acc, I>(RoundRows<I>(mq), n, nk, sc, kTile, b, n, c, n);
+    TileGemm<T, Acc, I>(RoundRows<I>(mq), n, nk, sc, kTile, b, n, c, n);
     return;
   }
   for (int64_t r = 0; r < mq; r += R) {
     if (w.bound[r / R] == 0) continue;
-    GemmAcc<Acc, I>(R, n, w.bound[r / R], sc + r * kTile, kTile, b, n, c + r * n, n);
+    TileGemm<T, Acc, I>(R, n, w.bound[r / R], sc + r * kTile, kTile, b, n, c + r * n, n);
   }
 }
 
 // C (+)= the scored tile's transpose (Pᵀ or dSᵀ, nk x mq) times B (mq rows, ld n): dV += Pᵀ·dO,
 // dK += dSᵀ·Q. On a partial tile, key rows c.. are seen only from the first query block whose
 // bound exceeds c (bounds do not decrease), so the sum starts there.
-template <typename Acc, Isa I>
+template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void ScoresTTimes(const HstuWorkspace<Acc>& w, const Acc* sc, int64_t mq, int64_t nk,
                                 const Acc* b, int64_t n, Acc* c) {
   constexpr int R = kGemmRows<I>;
   if (!w.partial) {
-    GemmAcc<Acc, I, false, true>(RoundRows<I>(nk), n, mq, sc, kTile, b, n, c, n);
+    TileGemm<T, Acc, I, false, true>(RoundRows<I>(nk), n, mq, sc, kTile, b, n, c, n);
     return;
   }
   int64_t k0 = 0;
   for (int64_t c0 = 0; c0 < nk; c0 += R) {
     while (k0 < mq && w.bound[k0 / R] <= c0) k0 += R;
     if (k0 >= mq) break;
-    GemmAcc<Acc, I, false, true>(R, n, mq - k0, sc + k0 * kTile + c0, kTile, b + k0 * n, n,
-                                 c + c0 * n, n);
+    TileGemm<T, Acc, I, false, true>(R, n, mq - k0, sc + k0 * kTile + c0, kTile, b + k0 * n, n,
+                                     c + c0 * n, n);
   }
 }
 
@@ -686,14 +702,14 @@ RECOPS_INLINE void HstuForwardItem(const HstuProblem& p, const HstuTensors<T>& t
       const int64_t rows = HstuTileRows<I>(p, s, i0, mq, j0, nk);
       TileScores<T, Acc, I>(p, t, s, item.b, h, i0, rows, j0, nk, q, kt + tile * kTile * p.dim_qk,
                             nullptr, nullptr, w);
-      ScoresTimes<Acc, I>(w, w.s, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o);
+      ScoresTimes<T, Acc, I>(w, w.s, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o);
       if (p.fuxi_bias) {
         // The raw masked biases as attention weights (w.dp is free in the forward).
         FuxiBiasTile<T, Acc>(p, t, s, item.b, h, i0, rows, j0, nk,
                              t.ts_bias + item.b * p.max_q * p.max_k, w.dp, w);
-        ScoresTimes<Acc, I>(w, w.dp, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o_t);
+        ScoresTimes<T, Acc, I>(w, w.dp, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o_t);
         FuxiBiasTile<T, Acc>(p, t, s, item.b, h, i0, rows, j0, nk, t.pos_bias, w.dp, w);
-        ScoresTimes<Acc, I>(w, w.dp, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o_p);
+        ScoresTimes<T, Acc, I>(w, w.dp, rows, nk, v + tile * kTile * p.dim_v, p.dim_v, o_p);
       }
     }
     for (int64_t c = 0; c < channels; ++c) {
@@ -865,8 +881,8 @@ RECOPS_INLINE void BackwardTileKv(const HstuProblem& p, const HstuTensors<T>& t,
                                   const Acc* vt, HstuWorkspace<Acc>& w, Acc* dk, Acc* dv) {
   TileScores<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, q, kt, dout, vt, w);
   // Pᵀ and dSᵀ read in place (transposed A operand).
-  ScoresTTimes<Acc, I>(w, w.s, mq, nk, dout, p.dim_v, dv);
-  ScoresTTimes<Acc, I>(w, w.dp, mq, nk, q, p.dim_qk, dk);
+  ScoresTTimes<T, Acc, I>(w, w.s, mq, nk, dout, p.dim_v, dv);
+  ScoresTTimes<T, Acc, I>(w, w.dp, mq, nk, q, p.dim_qk, dk);
 }
 
 // With dS of a tile in w.dp: dQ (of the tile's query rows, ld Dqk, room for kTile rows) +=
@@ -875,7 +891,7 @@ template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void BackwardTileQ(const HstuProblem& p, const HstuTensors<T>& t, int64_t b,
                                  int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
                                  const Acc* k, const HstuWorkspace<Acc>& w, Acc* dq) {
-  ScoresTimes<Acc, I>(w, w.dp, mq, nk, k, p.dim_qk, dq);
+  ScoresTimes<T, Acc, I>(w, w.dp, mq, nk, k, p.dim_qk, dq);
   if (p.has_bias) {
     for (int64_t r = 0; r < mq; ++r) {
       T* row = t.dbias + ((b * p.heads_q + h) * p.max_q + i0 + r) * p.max_k + j0;
@@ -1023,8 +1039,8 @@ RECOPS_INLINE void FuxiBackwardTile(const HstuProblem& p, const HstuTensors<T>& 
   Acc* grads[2] = {d_ts, d_pos};
   for (int ch = 0; ch < 2; ++ch) {
     FuxiBiasTile<T, Acc>(p, t, s, b, h, i0, mq, j0, nk, biases[ch], w.s, w);
-    ScoresTTimes<Acc, I>(w, w.s, mq, nk, dos[ch], p.dim_v, dv);
-    TileTimesT<Acc, I>(dos[ch], mq, p.dim_v, vt, w.dp, w.partial ? w.bound : nullptr);
+    ScoresTTimes<T, Acc, I>(w, w.s, mq, nk, dos[ch], p.dim_v, dv);
+    TileTimesT<T, Acc, I>(dos[ch], mq, p.dim_v, vt, w.dp, w.partial ? w.bound : nullptr);
     AddMaskedTile<T, Acc>(p, t, s, b, h, i0, mq, j0, nk, w.dp, grads[ch], w);
   }
 }

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-PATHS = {"baseline": (), "avx2": ("avx2", "fma"),
-         "avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")}
+AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")
+PATHS = {"baseline": (), "avx2": ("avx2", "fma"), "avx512": AVX512,
+         "avx512bf16": AVX512 + ("avx512_bf16",)}
 
 # A child process: the fused ops (float32 and bfloat16, forward and gradients) on fixed inputs,
 # printed as JSON; the first line of stderr that names RECOPS_ISA tells the path taken.

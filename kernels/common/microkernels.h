@@ -246,6 +246,18 @@ RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kAvx512)
 #endif
 #undef RECOPS_GEMM_DECLARE_
 
+// C[M x N] (+)= A[M x K] · B[K x N] (A transposed with kTransA, as GemmAcc) on the CPU's
+// bfloat16 dot products (AVX512-BF16 vdpbf16ps), for float operands whose values are bfloat16
+// numbers (a bfloat16 kernel's packed inputs and the scores it has rounded to bfloat16): both
+// are packed as bfloat16 pairs along k (exact for such values; others would be rounded to
+// nearest even), their products are exact and summed in float. Each element is the same sum
+// of the same products as GemmAcc's, in another order: pairs of k (from 0; an odd K's last
+// pair ends in a zero), then the pairs in k order; denormal inputs and results are zero (the
+// instruction's DAZ / FTZ). Call only where Bf16DotPath() (kernels/common/dispatch.h) holds.
+template <bool kOverwrite = false, bool kTransA = false>
+void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
+              int64_t ldb, float* C, int64_t ldc);
+
 // Pair sums of two vectors of W lanes for a transposing reduction (DotRows), in 128-bit
 // blocks of G lanes (4 floats or 2 doubles), so that each shuffle is one instruction:
 //  - within blocks (kCross false): block j of the result holds the sums of adjacent lane pairs

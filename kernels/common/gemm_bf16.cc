@@ -1,0 +1,174 @@
+// GemmBf16 (kernels/common/microkernels.h): tile GEMMs on the CPU's bfloat16 dot products
+// (AVX512-BF16 vdpbf16ps: 32 products of bfloat16 pairs summed into 16 float lanes per
+// instruction, twice the multiply-adds of a float FMA of the same width). Compiled for that
+// target here alone; callers reach it only where the CPU has AVX512-BF16 (Bf16DotPath).
+#include <cstdint>
+#include <vector>
+
+#include "kernels/common/microkernels.h"
+
+namespace recops {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4,avx512bf16")
+
+namespace {
+
+// Per-thread packed operands, grown on demand and reused (as the HSTU workspace is).
+struct Bf16Packs {
+  std::vector<uint32_t> a, b;
+  static Bf16Packs& ForThread() {
+    thread_local Bf16Packs packs;
+    return packs;
+  }
+};
+
+// Pairs of two float vectors as 16 lanes of bfloat16 pairs: lane n holds (r0[n], r1[n]), r0's
+// in the low half (the element a dot product pairs with the other operand's low half). Both
+// rounded to nearest even, which is exact for values that are bfloat16 numbers.
+inline __m512i PairLanes(__m512 r0, __m512 r1) {
+  const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));  // r0's, r1's
+  const __m512i interleave = _mm512_set_epi16(
+      31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19,
+      3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(interleave, both);
+}
+
+// The first n of 16 lanes (none for n <= 0): masked loads read nothing past a row's end.
+inline __mmask16 Lanes(int64_t n) {
+  if (n <= 0) return 0;
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// Rows k, k + 1 of a row-major [K x n] matrix (ld), as pair lanes: packed[j] = (x[k][j],
+// x[k + 1][j]) for j < n, zero past n and for a row past K; np (a multiple of 16) lanes.
+inline void PackRowPairs(const float* x, int64_t ld, int64_t K, int64_t k, int64_t n, int64_t np,
+                         uint32_t* packed) {
+  for (int64_t j = 0; j < np; j += 16) {
+    const __mmask16 m = Lanes(n - j);
+    const __m512 r0 = _mm512_maskz_loadu_ps(m, x + k * ld + j);
+    const __m512 r1 = k + 1 < K ? _mm512_maskz_loadu_ps(m, x + (k + 1) * ld + j) : _mm512_setzero_ps();
+    _mm512_storeu_si512(packed + j, PairLanes(r0, r1));
+  }
+}
+
+// R rows x NV vectors of 16 columns of C (+)= A · B over kh pairs of k: ap points to the
+// block's first row's pairs (pair kk of row r at ap[r * si + kk * sk]), bp to B's pair row 0
+// at the block's first column (pair row kk at bp[kk * ldbp]). The last vector's columns are
+// masked by `last`.
+template <int R, int NV, bool kOverwrite>
+inline void Block(int64_t kh, const uint32_t* ap, int64_t si, int64_t sk, const uint32_t* bp,
+                  int64_t ldbp, float* c, int64_t ldc, __mmask16 last) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last : static_cast<__mmask16>(0xffff);
+      acc[r][v] = kOverwrite ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, c + r * ldc + 16 * v);
+    }
+  }
+  for (int64_t kk = 0; kk < kh; ++kk) {
+    __m512bh b[NV];
+    for (int v = 0; v < NV; ++v) {
+      b[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bp + kk * ldbp + 16 * v));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a =
+          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(ap[r * si + kk * sk])));
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last : static_cast<__mmask16>(0xffff);
+      _mm512_mask_storeu_ps(c + r * ldc + 16 * v, m, acc[r][v]);
+    }
+  }
+}
+
+template <int NV, bool kOverwrite>
+inline void Columns(int64_t M, int64_t kh, const uint32_t* ap, int64_t si, int64_t sk,
+                    const uint32_t* bp, int64_t ldbp, float* c, int64_t ldc, __mmask16 last) {
+  int64_t i = 0;
+  for (; i + 8 <= M; i += 8)
+    Block<8, NV, kOverwrite>(kh, ap + i * si, si, sk, bp, ldbp, c + i * ldc, ldc, last);
+  for (; i + 4 <= M; i += 4)
+    Block<4, NV, kOverwrite>(kh, ap + i * si, si, sk, bp, ldbp, c + i * ldc, ldc, last);
+  for (; i < M; ++i)
+    Block<1, NV, kOverwrite>(kh, ap + i * si, si, sk, bp, ldbp, c + i * ldc, ldc, last);
+}
+
+}  // namespace
+
+template <bool kOverwrite, bool kTransA>
+void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
+              int64_t ldb, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  const int64_t kh = (K + 1) / 2;               // pairs of k (an odd K's last pair ends in 0)
+  const int64_t np = (N + 15) / 16 * 16;        // B's packed columns
+  Bf16Packs& packs = Bf16Packs::ForThread();
+  // A's pairs: plain, row i's pairs contiguous (as bfloat16 in k order: one conversion of
+  // 32 values gives 16 pairs); transposed, pair row kk of the [K x M] storage.
+  int64_t si, sk;
+  if constexpr (kTransA) {
+    const int64_t mp = (M + 15) / 16 * 16;
+    if (static_cast<int64_t>(packs.a.size()) < kh * mp) packs.a.resize(kh * mp);
+    for (int64_t kk = 0; kk < kh; ++kk)
+      PackRowPairs(a, lda, K, 2 * kk, M, mp, packs.a.data() + kk * mp);
+    si = 1;
+    sk = mp;
+  } else {
+    const int64_t kp = (kh + 15) / 16 * 16;
+    if (static_cast<int64_t>(packs.a.size()) < M * kp) packs.a.resize(M * kp);
+    for (int64_t i = 0; i < M; ++i) {
+      uint32_t* row = packs.a.data() + i * kp;
+      for (int64_t k = 0; k < 2 * kp; k += 32) {
+        const __m512 lo = _mm512_maskz_loadu_ps(Lanes(K - k), a + i * lda + k);
+        const __m512 hi = _mm512_maskz_loadu_ps(Lanes(K - k - 16), a + i * lda + k + 16);
+        _mm512_storeu_si512(row + k / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+      }
+    }
+    si = kp;
+    sk = 1;
+  }
+  if (static_cast<int64_t>(packs.b.size()) < kh * np) packs.b.resize(kh * np);
+  for (int64_t kk = 0; kk < kh; ++kk) PackRowPairs(B, ldb, K, 2 * kk, N, np, packs.b.data() + kk * np);
+  const uint32_t* ap = packs.a.data();
+  const uint32_t* bp = packs.b.data();
+  const __mmask16 whole = static_cast<__mmask16>(0xffff);
+  int64_t n0 = 0;
+  for (; n0 + 32 <= np; n0 += 32) {
+    Columns<2, kOverwrite>(M, kh, ap, si, sk, bp + n0, np, C + n0, ldc,
+                           n0 + 32 <= N ? whole : Lanes(N - n0 - 16));
+  }
+  if (n0 < np) Columns<1, kOverwrite>(M, kh, ap, si, sk, bp + n0, np, C + n0, ldc, Lanes(N - n0));
+}
+
+#define RECOPS_GEMM_BF16_DEFINE_(OVERWRITE, TRANS_A)                                            \
+  template void GemmBf16<OVERWRITE, TRANS_A>(int64_t, int64_t, int64_t, const float*, int64_t, \
+                                             const float*, int64_t, float*, int64_t);
+RECOPS_GEMM_BF16_DEFINE_(false, false)
+RECOPS_GEMM_BF16_DEFINE_(false, true)
+RECOPS_GEMM_BF16_DEFINE_(true, false)
+RECOPS_GEMM_BF16_DEFINE_(true, true)
+#undef RECOPS_GEMM_BF16_DEFINE_
+
+#pragma GCC pop_options
+#else
+// Without GCC on x86-64 there is no bfloat16 path (Bf16DotPath is false): the plain GEMM.
+template <bool kOverwrite, bool kTransA>
+void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
+              int64_t ldb, float* C, int64_t ldc) {
+  GemmAcc<float, Isa::kBase, kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
+}
+template void GemmBf16<false, false>(int64_t, int64_t, int64_t, const float*, int64_t,
+                                     const float*, int64_t, float*, int64_t);
+template void GemmBf16<false, true>(int64_t, int64_t, int64_t, const float*, int64_t,
+                                    const float*, int64_t, float*, int64_t);
+template void GemmBf16<true, false>(int64_t, int64_t, int64_t, const float*, int64_t,
+                                    const float*, int64_t, float*, int64_t);
+template void GemmBf16<true, true>(int64_t, int64_t, int64_t, const float*, int64_t,
+                                   const float*, int64_t, float*, int64_t);
+#endif
+
+}  // namespace recops

@@ -1,0 +1,85 @@
+// Unit test of GemmBf16 (kernels/common/gemm_bf16.cc, AVX512-BF16 dot products): on operands
+// that are bfloat16 numbers, every element of C must be the exact sum of the exact products
+// (computed in double) up to float rounding of a K-term sum, columns and rows outside C's
+// block untouched, for plain and transposed A, overwrite and accumulate, shapes reaching every
+// register block and tail (odd K, N not a multiple of 16, M not a multiple of 8). Exits 77 (a
+// skip, tests/test_cc_units.py) on a CPU without AVX512-BF16.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/common/gemm_bf16.cc"
+
+namespace {
+
+int bad = 0;
+
+// A random bfloat16 number in [-1, 1] as a float (its low 16 bits zero).
+float Bf16Value(std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  float x = u(rng);
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits &= 0xffff0000u;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
+template <bool kOverwrite, bool kTransA>
+void CheckGemm(std::mt19937_64& rng) {
+  for (int64_t m : {1, 3, 4, 5, 8, 13, 64}) {
+    for (int64_t n : {1, 7, 16, 17, 32, 40, 50, 64, 70}) {
+      for (int64_t k : {1, 2, 17, 64, 65}) {
+        const int64_t lda = (kTransA ? m : k) + 3, ldb = n + 2, ldc = n + 1;
+        std::vector<float> a((kTransA ? k : m) * lda), b(k * ldb), c((m + 1) * ldc);
+        for (float& v : a) v = Bf16Value(rng);
+        for (float& v : b) v = Bf16Value(rng);
+        for (float& v : c) v = Bf16Value(rng);
+        const std::vector<float> before = c;
+        recops::GemmBf16<kOverwrite, kTransA>(m, n, k, a.data(), lda, b.data(), ldb, c.data(),
+                                              ldc);
+        for (int64_t i = 0; i <= m; ++i) {
+          for (int64_t j = 0; j < ldc; ++j) {
+            const float got = c[i * ldc + j];
+            if (i == m || j >= n) {  // outside the block: untouched
+              if (got != before[i * ldc + j] && bad++ < 20)
+                std::printf("wrote outside C at (%lld, %lld), shape %lld %lld %lld\n",
+                            (long long)i, (long long)j, (long long)m, (long long)n, (long long)k);
+              continue;
+            }
+            double exact = kOverwrite ? 0.0 : before[i * ldc + j], magnitude = std::fabs(exact);
+            for (int64_t e = 0; e < k; ++e) {
+              const double x = kTransA ? a[e * lda + i] : a[i * lda + e];
+              exact += x * b[e * ldb + j];
+              magnitude += std::fabs(x * b[e * ldb + j]);
+            }
+            const double bound = (k + 2) * std::ldexp(magnitude, -24) + 1e-30;
+            if (!(std::fabs(got - exact) <= bound) && bad++ < 20)
+              std::printf("GemmBf16<%d, %d> (%lld, %lld) of %lld x %lld x %lld: %.9g vs %.9g\n",
+                          kOverwrite, kTransA, (long long)i, (long long)j, (long long)m,
+                          (long long)n, (long long)k, got, exact);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) {
+    std::printf("this CPU lacks avx512_bf16: GemmBf16 not run\n");
+    return 77;
+  }
+  std::mt19937_64 rng(7);
+  CheckGemm<false, false>(rng);
+  CheckGemm<false, true>(rng);
+  CheckGemm<true, false>(rng);
+  CheckGemm<true, true>(rng);
+  std::printf("%s\n", bad ? "FAILED" : "OK");
+  return bad ? 1 : 0;
+}
