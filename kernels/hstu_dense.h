@@ -345,6 +345,12 @@ RECOPS_INLINE void PackTiles(const T* x, int64_t heads, int64_t head, int64_t di
       }
     }
   }
+  // The bfloat16 GEMMs convert the packed tiles once, not at every tile GEMM.
+  if constexpr (std::is_same_v<T, Eigen::bfloat16> && std::is_same_v<Acc, float>) {
+    const int64_t tiles = (n + kTile - 1) / kTile;
+    if (Bf16DotPath() && tiles > 0)
+      Bf16RegisterOperand(dst, transpose ? tiles * dim : tiles * kTile, transpose ? kTile : dim);
+  }
 }
 
 // The rows of the other side that rows [r0, r1) of one side may see, as whole tiles
@@ -1214,6 +1220,7 @@ const HstuEntries<T>& HstuBestEntries();
 #define RECOPS_HSTU_ENTRY(NAME, ITEM, I, ATTR)                                       \
   template <typename T>                                                              \
   ATTR void NAME(const HstuProblem& p, const HstuTensors<T>& t, const HstuItem& i) { \
+    if constexpr (std::is_same_v<T, Eigen::bfloat16>) Bf16ClearOperands();           \
     ITEM<T, AccumT<T>, I>(p, t, i);                                                  \
   }
 #define RECOPS_HSTU_ENTRIES_FOR(T, I)                                           \

@@ -24,14 +24,35 @@ struct Bf16Packs {
   }
 };
 
+// Operands registered for reuse (Bf16RegisterOperand): a float buffer of rows x ld values
+// whose bfloat16 forms are made on first use and kept until the buffer is registered anew or
+// the registry cleared: as pairs of consecutive rows (a B whose k runs down the rows) and as
+// bfloat16 rows (an A whose k runs along them).
+struct Operand {
+  const float* base = nullptr;
+  int64_t rows = 0, ld = 0;
+  bool b_ready = false, a_ready = false;
+  std::vector<uint32_t> b;  // pair row kk: (row 2kk, row 2kk + 1) in ld lanes, + 16 of slack
+  std::vector<uint32_t> a;  // the values as bfloat16, two to a word
+};
+constexpr int kOperands = 8;
+struct Operands {
+  Operand slot[kOperands];
+  int next = 0;
+  static Operands& ForThread() {
+    thread_local Operands operands;
+    return operands;
+  }
+};
+
 // Pairs of two float vectors as 16 lanes of bfloat16 pairs: lane n holds (r0[n], r1[n]), r0's
 // in the low half (the element a dot product pairs with the other operand's low half). Both
 // rounded to nearest even, which is exact for values that are bfloat16 numbers.
 inline __m512i PairLanes(__m512 r0, __m512 r1) {
   const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(r1, r0));  // r0's, r1's
-  const __m512i interleave = _mm512_set_epi16(
-      31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19,
-      3, 18, 2, 17, 1, 16, 0);
+  const __m512i interleave =
+      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(interleave, both);
 }
 
@@ -48,7 +69,8 @@ inline void PackRowPairs(const float* x, int64_t ld, int64_t K, int64_t k, int64
   for (int64_t j = 0; j < np; j += 16) {
     const __mmask16 m = Lanes(n - j);
     const __m512 r0 = _mm512_maskz_loadu_ps(m, x + k * ld + j);
-    const __m512 r1 = k + 1 < K ? _mm512_maskz_loadu_ps(m, x + (k + 1) * ld + j) : _mm512_setzero_ps();
+    const __m512 r1 =
+        k + 1 < K ? _mm512_maskz_loadu_ps(m, x + (k + 1) * ld + j) : _mm512_setzero_ps();
     _mm512_storeu_si512(packed + j, PairLanes(r0, r1));
   }
 }
@@ -98,19 +120,98 @@ inline void Columns(int64_t M, int64_t kh, const uint32_t* ap, int64_t si, int64
     Block<1, NV, kOverwrite>(kh, ap + i * si, si, sk, bp, ldbp, c + i * ldc, ldc, last);
 }
 
+// The registered operand holding p (nullptr if none) and p's row and column in it.
+Operand* Find(const float* p, int64_t* row, int64_t* col) {
+  for (Operand& o : Operands::ForThread().slot) {
+    if (o.base != nullptr && p >= o.base && p < o.base + o.rows * o.ld) {
+      *row = (p - o.base) / o.ld;
+      *col = (p - o.base) % o.ld;
+      return &o;
+    }
+  }
+  return nullptr;
+}
+
+// B's pair rows from a registered operand: rows [row, row + K) from an even row, K even (an
+// odd K's last pair must end in a zero, which the next row of the buffer is not), the N
+// columns inside its rows.
+const uint32_t* FindB(const float* B, int64_t ldb, int64_t K, int64_t N, int64_t* ldbp) {
+  int64_t row, col;
+  Operand* o = Find(B, &row, &col);
+  if (o == nullptr || o->ld != ldb || row % 2 != 0 || K % 2 != 0 || row + K > o->rows ||
+      col + N > o->ld)
+    return nullptr;
+  if (!o->b_ready) {
+    const int64_t pairs = (o->rows + 1) / 2;
+    if (static_cast<int64_t>(o->b.size()) < pairs * o->ld + 16) o->b.resize(pairs * o->ld + 16);
+    const int64_t np = (o->ld + 15) / 16 * 16;
+    // Row kk's lanes past ld spill into row kk + 1's, which its own pack then overwrites.
+    for (int64_t kk = 0; kk < pairs; ++kk)
+      PackRowPairs(o->base, o->ld, o->rows, 2 * kk, o->ld, np, o->b.data() + kk * o->ld);
+    o->b_ready = true;
+  }
+  *ldbp = o->ld;
+  return o->b.data() + row / 2 * o->ld + col;
+}
+
+// A's pairs (plain A) from a registered operand: whole even rows of K values from an even
+// column, the M rows inside the buffer.
+const uint32_t* FindA(const float* a, int64_t lda, int64_t M, int64_t K, int64_t* si) {
+  int64_t row, col;
+  Operand* o = Find(a, &row, &col);
+  if (o == nullptr || o->ld != lda || lda % 2 != 0 || col % 2 != 0 || K % 2 != 0 ||
+      col + K > o->ld || row + M > o->rows)
+    return nullptr;
+  if (!o->a_ready) {
+    const int64_t n = o->rows * o->ld;
+    if (static_cast<int64_t>(o->a.size()) < n / 2 + 16) o->a.resize(n / 2 + 16);
+    for (int64_t e = 0; e < n; e += 32) {
+      const __m512 lo = _mm512_maskz_loadu_ps(Lanes(n - e), o->base + e);
+      const __m512 hi = _mm512_maskz_loadu_ps(Lanes(n - e - 16), o->base + e + 16);
+      _mm512_storeu_si512(o->a.data() + e / 2,
+                          reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+    o->a_ready = true;
+  }
+  *si = o->ld / 2;
+  return o->a.data() + (row * o->ld + col) / 2;
+}
+
 }  // namespace
+
+void Bf16RegisterOperand(const float* base, int64_t rows, int64_t ld) {
+  Operands& all = Operands::ForThread();
+  for (Operand& o : all.slot) {  // a registration overlapping this buffer is stale
+    if (o.base != nullptr && o.base < base + rows * ld && base < o.base + o.rows * o.ld)
+      o.base = nullptr;
+  }
+  Operand& o = all.slot[all.next];
+  all.next = (all.next + 1) % kOperands;
+  o.base = base;
+  o.rows = rows;
+  o.ld = ld;
+  o.a_ready = o.b_ready = false;
+}
+
+void Bf16ClearOperands() {
+  for (Operand& o : Operands::ForThread().slot) o.base = nullptr;
+}
 
 template <bool kOverwrite, bool kTransA>
 void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
               int64_t ldb, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
-  const int64_t kh = (K + 1) / 2;               // pairs of k (an odd K's last pair ends in 0)
-  const int64_t np = (N + 15) / 16 * 16;        // B's packed columns
+  const int64_t kh = (K + 1) / 2;         // pairs of k (an odd K's last pair ends in 0)
+  const int64_t np = (N + 15) / 16 * 16;  // B's packed columns
   Bf16Packs& packs = Bf16Packs::ForThread();
   // A's pairs: plain, row i's pairs contiguous (as bfloat16 in k order: one conversion of
   // 32 values gives 16 pairs); transposed, pair row kk of the [K x M] storage.
-  int64_t si, sk;
-  if constexpr (kTransA) {
+  int64_t si = 0, sk = 1, ldbp = np;
+  const uint32_t* ap = kTransA ? nullptr : FindA(a, lda, M, K, &si);
+  const uint32_t* bp = FindB(B, ldb, K, N, &ldbp);
+  if (ap != nullptr) {
+    // packed once for the work item
+  } else if constexpr (kTransA) {
     const int64_t mp = (M + 15) / 16 * 16;
     if (static_cast<int64_t>(packs.a.size()) < kh * mp) packs.a.resize(kh * mp);
     for (int64_t kk = 0; kk < kh; ++kk)
@@ -131,20 +232,23 @@ void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, cons
     si = kp;
     sk = 1;
   }
-  if (static_cast<int64_t>(packs.b.size()) < kh * np) packs.b.resize(kh * np);
-  for (int64_t kk = 0; kk < kh; ++kk) PackRowPairs(B, ldb, K, 2 * kk, N, np, packs.b.data() + kk * np);
-  const uint32_t* ap = packs.a.data();
-  const uint32_t* bp = packs.b.data();
+  if (ap == nullptr) ap = packs.a.data();
+  if (bp == nullptr) {
+    if (static_cast<int64_t>(packs.b.size()) < kh * np) packs.b.resize(kh * np);
+    for (int64_t kk = 0; kk < kh; ++kk)
+      PackRowPairs(B, ldb, K, 2 * kk, N, np, packs.b.data() + kk * np);
+    bp = packs.b.data();
+  }
   const __mmask16 whole = static_cast<__mmask16>(0xffff);
   int64_t n0 = 0;
   for (; n0 + 32 <= np; n0 += 32) {
-    Columns<2, kOverwrite>(M, kh, ap, si, sk, bp + n0, np, C + n0, ldc,
+    Columns<2, kOverwrite>(M, kh, ap, si, sk, bp + n0, ldbp, C + n0, ldc,
                            n0 + 32 <= N ? whole : Lanes(N - n0 - 16));
   }
-  if (n0 < np) Columns<1, kOverwrite>(M, kh, ap, si, sk, bp + n0, np, C + n0, ldc, Lanes(N - n0));
+  if (n0 < np) Columns<1, kOverwrite>(M, kh, ap, si, sk, bp + n0, ldbp, C + n0, ldc, Lanes(N - n0));
 }
 
-#define RECOPS_GEMM_BF16_DEFINE_(OVERWRITE, TRANS_A)                                            \
+#define RECOPS_GEMM_BF16_DEFINE_(OVERWRITE, TRANS_A)                                           \
   template void GemmBf16<OVERWRITE, TRANS_A>(int64_t, int64_t, int64_t, const float*, int64_t, \
                                              const float*, int64_t, float*, int64_t);
 RECOPS_GEMM_BF16_DEFINE_(false, false)
@@ -156,19 +260,21 @@ RECOPS_GEMM_BF16_DEFINE_(true, true)
 #pragma GCC pop_options
 #else
 // Without GCC on x86-64 there is no bfloat16 path (Bf16DotPath is false): the plain GEMM.
+void Bf16RegisterOperand(const float*, int64_t, int64_t) {}
+void Bf16ClearOperands() {}
 template <bool kOverwrite, bool kTransA>
 void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
               int64_t ldb, float* C, int64_t ldc) {
   GemmAcc<float, Isa::kBase, kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
 }
-template void GemmBf16<false, false>(int64_t, int64_t, int64_t, const float*, int64_t,
-                                     const float*, int64_t, float*, int64_t);
-template void GemmBf16<false, true>(int64_t, int64_t, int64_t, const float*, int64_t,
-                                    const float*, int64_t, float*, int64_t);
-template void GemmBf16<true, false>(int64_t, int64_t, int64_t, const float*, int64_t,
-                                    const float*, int64_t, float*, int64_t);
-template void GemmBf16<true, true>(int64_t, int64_t, int64_t, const float*, int64_t,
-                                   const float*, int64_t, float*, int64_t);
+template void GemmBf16<false, false>(int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                                     int64_t, float*, int64_t);
+template void GemmBf16<false, true>(int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                                    int64_t, float*, int64_t);
+template void GemmBf16<true, false>(int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                                    int64_t, float*, int64_t);
+template void GemmBf16<true, true>(int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                                   int64_t, float*, int64_t);
 #endif
 
 }  // namespace recops

@@ -2,7 +2,8 @@
 // that are bfloat16 numbers, every element of C must be the exact sum of the exact products
 // (computed in double) up to float rounding of a K-term sum, columns and rows outside C's
 // block untouched, for plain and transposed A, overwrite and accumulate, shapes reaching every
-// register block and tail (odd K, N not a multiple of 16, M not a multiple of 8). Exits 77 (a
+// register block and tail (odd K, N not a multiple of 16, M not a multiple of 8); operands
+// from registered buffers as from per-call packs (CheckRegistered). Exits 77 (a
 // skip, tests/test_cc_units.py) on a CPU without AVX512-BF16.
 #include <cmath>
 #include <cstdio>
@@ -38,15 +39,14 @@ void CheckGemm(std::mt19937_64& rng) {
         for (float& v : b) v = Bf16Value(rng);
         for (float& v : c) v = Bf16Value(rng);
         const std::vector<float> before = c;
-        recops::GemmBf16<kOverwrite, kTransA>(m, n, k, a.data(), lda, b.data(), ldb, c.data(),
-                                              ldc);
+        recops::GemmBf16<kOverwrite, kTransA>(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc);
         for (int64_t i = 0; i <= m; ++i) {
           for (int64_t j = 0; j < ldc; ++j) {
             const float got = c[i * ldc + j];
             if (i == m || j >= n) {  // outside the block: untouched
               if (got != before[i * ldc + j] && bad++ < 20)
-                std::printf("wrote outside C at (%lld, %lld), shape %lld %lld %lld\n",
-                            (long long)i, (long long)j, (long long)m, (long long)n, (long long)k);
+                std::printf("wrote outside C at (%lld, %lld), shape %lld %lld %lld\n", (long long)i,
+                            (long long)j, (long long)m, (long long)n, (long long)k);
               continue;
             }
             double exact = kOverwrite ? 0.0 : before[i * ldc + j], magnitude = std::fabs(exact);
@@ -67,6 +67,43 @@ void CheckGemm(std::mt19937_64& rng) {
   }
 }
 
+// Operands read from registered buffers (Bf16RegisterOperand, converted once) must give the
+// same bits as the same GEMM packing them per call, for A rows and B pair rows at even and odd
+// offsets and an odd K (both not taken from the registry), and follow a buffer registered
+// anew after it changed; after Bf16ClearOperands, nothing is read from the old copies.
+void CheckRegistered(std::mt19937_64& rng) {
+  const int64_t ld = 64, rows = 128;
+  std::vector<float> abuf(rows * ld), bbuf(rows * ld), c(64 * 80), want(64 * 80);
+  for (int round = 0; round < 10; ++round) {  // more than the 8 slots kept: each reused
+    for (float& v : abuf) v = Bf16Value(rng);
+    for (float& v : bbuf) v = Bf16Value(rng);
+    if (round < 9) {
+      recops::Bf16RegisterOperand(abuf.data(), rows, ld);
+      recops::Bf16RegisterOperand(bbuf.data(), rows, ld);
+    } else {
+      recops::Bf16ClearOperands();
+    }
+    for (int64_t a_row : {0, 8, 64}) {
+      for (int64_t b_row : {0, 6, 7, 64}) {
+        for (int64_t k : {64, 33, 2}) {
+          for (int64_t n : {64, 50}) {
+            const float* a = abuf.data() + a_row * ld;
+            const float* b = bbuf.data() + b_row * ld;
+            std::vector<float> ac(a, a + 64 * ld), bc(b, b + k * ld);  // unregistered copies
+            recops::GemmBf16<true, false>(64, n, k, ac.data(), ld, bc.data(), ld, want.data(), 80);
+            recops::GemmBf16<true, false>(64, n, k, a, ld, b, ld, c.data(), 80);
+            for (int64_t e = 0; e < 64 * 80; ++e) {
+              if (e % 80 < n && c[e] != want[e] && bad++ < 20)
+                std::printf("registered operands, round %d, rows %lld / %lld, k %lld: %g vs %g\n",
+                            round, (long long)a_row, (long long)b_row, (long long)k, c[e], want[e]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -80,6 +117,7 @@ int main() {
   CheckGemm<false, true>(rng);
   CheckGemm<true, false>(rng);
   CheckGemm<true, true>(rng);
+  CheckRegistered(rng);
   std::printf("%s\n", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
