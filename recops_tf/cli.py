@@ -181,9 +181,26 @@ class _Parser(argparse.ArgumentParser):
 
 def _quiet_tensorflow(verbose):
     """Keeps TensorFlow's C++ log lines (oneDNN, CPU features, ...) off unless --verbose or
-    TF_CPP_MIN_LOG_LEVEL says otherwise; effective before TensorFlow's first import."""
-    if not verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    TF_CPP_MIN_LOG_LEVEL says otherwise; effective before TensorFlow's first import.
+
+    Some lines ignore TF_CPP_MIN_LOG_LEVEL: those logged while TensorFlow loads, before its
+    logging is set up (on an AVX-512 CPU, the notice that oneDNN's custom operations are on,
+    at every start). TensorFlow is therefore imported here with the process's stderr on
+    /dev/null; a failing import still raises, and its traceback is printed as usual."""
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("0", "1") or "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _table(rows):

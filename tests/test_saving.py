@@ -72,7 +72,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_export_round_trips_in_a_new_process_with_no_difference(exported, tmp_path):
+def test_export_round_trips_in_a_new_process(exported, tmp_path):
     x, model, path = exported
     expected = model(x)
     predicted = model.predict(x, verbose=0)
@@ -87,13 +87,15 @@ def test_export_round_trips_in_a_new_process_with_no_difference(exported, tmp_pa
     subprocess.run([sys.executable, str(script), path, str(tmp_path / "in.npz"),
                     str(tmp_path / "out.npz")], check=True, env=env, timeout=300)
     got = np.load(tmp_path / "out.npz")
-    for reference in (expected, predicted):  # model(...) and predict: bitwise equal
+    # model(...) and predict, to float32 rounding: bit for bit where TensorFlow's oneDNN
+    # rewrites are off (CPUs without AVX-512), a few ulps apart where they are on (the loaded
+    # graph's fused matmuls against the eager ones, measured on a Zen 4: up to 2e-7).
+    for reference in (expected, predicted):
         states = reference["states"].values.numpy()
         pooled = np.asarray(reference["pooled"])
-        np.testing.assert_array_equal(got["serve_states"], states)
-        np.testing.assert_array_equal(got["flat_states_values"], states)
-        np.testing.assert_array_equal(got["serve_pooled"], pooled)
-        np.testing.assert_array_equal(got["flat_pooled"], pooled)
+        for key, want in (("serve_states", states), ("flat_states_values", states),
+                          ("serve_pooled", pooled), ("flat_pooled", pooled)):
+            np.testing.assert_allclose(got[key], want, rtol=1e-5, atol=1e-6, err_msg=key)
     np.testing.assert_array_equal(got["serve_lengths"], [3, 2, 1, 5])
     np.testing.assert_array_equal(got["flat_states_row_lengths"], [3, 2, 1, 5])
     assert sorted(k for k in got.files if k.startswith("flat_")) == [
@@ -137,10 +139,13 @@ def test_subclassed_model_needs_and_takes_a_ragged_signature(tmp_path):
         recops_tf.saving.export(model, str(tmp_path / "a"))
     spec = tf.RaggedTensorSpec([None, None, D_MODEL], tf.float32, 1, tf.int64)
     loaded = tf.saved_model.load(recops_tf.saving.export(model, str(tmp_path / "b"), [spec]))
-    np.testing.assert_array_equal(loaded.serve(x).values.numpy(), expected.values.numpy())
+    # To float32 rounding (see test_export_round_trips_in_a_new_process: oneDNN's rewrites).
+    np.testing.assert_allclose(loaded.serve(x).values.numpy(), expected.values.numpy(),
+                               rtol=1e-5, atol=1e-6)
     flat = loaded.signatures["serving_default"](inputs_values=x.values,
                                                 inputs_row_lengths=x.row_lengths())
-    np.testing.assert_array_equal(flat["output_0_values"].numpy(), expected.values.numpy())
+    np.testing.assert_allclose(flat["output_0_values"].numpy(), expected.values.numpy(),
+                               rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(flat["output_0_row_lengths"].numpy(), [4, 0, 2])
 
 
