@@ -209,16 +209,15 @@ void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, cons
   int64_t si = 0, sk = 1, ldbp = np;
   const uint32_t* ap = kTransA ? nullptr : FindA(a, lda, M, K, &si);
   const uint32_t* bp = FindB(B, ldb, K, N, &ldbp);
-  if (ap != nullptr) {
-    // packed once for the work item
-  } else if constexpr (kTransA) {
+  // A registered A (found above) was packed once for the work item; otherwise pack it here.
+  if (ap == nullptr && kTransA) {
     const int64_t mp = (M + 15) / 16 * 16;
     if (static_cast<int64_t>(packs.a.size()) < kh * mp) packs.a.resize(kh * mp);
     for (int64_t kk = 0; kk < kh; ++kk)
       PackRowPairs(a, lda, K, 2 * kk, M, mp, packs.a.data() + kk * mp);
     si = 1;
     sk = mp;
-  } else {
+  } else if (ap == nullptr) {
     const int64_t kp = (kh + 15) / 16 * 16;
     if (static_cast<int64_t>(packs.a.size()) < M * kp) packs.a.resize(M * kp);
     for (int64_t i = 0; i < M; ++i) {
