@@ -387,6 +387,29 @@ RECOPS_INLINE int64_t HstuTileRows(const HstuProblem& p, const HstuSeq& s, int64
   return std::min(mq, RoundRows<I>(s.ctx - i0));
 }
 
+// Row i's visible columns of key block j0..j0+nk as one interval [lo, hi] (empty when lo > hi),
+// where its visibility is one: a fully visible tile, a GR history row, a row under the causal
+// and window bounds only. False where the row is evaluated key by key (context rows, target
+// groups, GR context and target rows). A custom mask's values are not part of it.
+RECOPS_INLINE bool RowInterval(const HstuProblem& p, const HstuSeq& s, int64_t i, int64_t j0,
+                               int64_t nk, bool full, int64_t* lo, int64_t* hi) {
+  *lo = 0;
+  *hi = nk - 1;
+  if (full) return true;
+  if (p.gr) {
+    int64_t gr_lo = 0, gr_hi = 0;
+    if (!GrRowInterval(p, s, i, &gr_lo, &gr_hi)) return false;
+    *lo = std::max<int64_t>(*lo, gr_lo - j0);
+    *hi = std::min<int64_t>(*hi, gr_hi - j0);
+    return true;
+  }
+  if (!HstuPlainRow(p, s, i, j0 + nk)) return false;
+  if (p.mask_type == HstuMask::kCausal) *hi = std::min(*hi, i + s.delta - j0);
+  if (p.window_left >= 0) *lo = std::max(*lo, i + s.delta - p.window_left - j0);
+  if (p.window_right >= 0) *hi = std::min(*hi, i + s.delta + p.window_right - j0);
+  return true;
+}
+
 // Mask factors (scale · mask value · visibility) for row i of a tile, columns j0..j0+nk.
 template <typename T, typename Acc>
 RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
@@ -395,17 +418,8 @@ RECOPS_INLINE void MaskRow(const HstuProblem& p, const HstuTensors<T>& t, const 
   const T* mask_row = p.mask_type == HstuMask::kCustom
                           ? t.mask + ((b * p.heads_q + h) * p.max_q + i) * p.max_k + j0
                           : nullptr;
-  int64_t gr_lo = 0, gr_hi = 0;
-  if (full) {
-    for (int64_t c = 0; c < nk; ++c) m[c] = scale;
-  } else if (p.gr && GrRowInterval(p, s, i, &gr_lo, &gr_hi)) {
-    for (int64_t c = 0; c < nk; ++c) m[c] = j0 + c >= gr_lo && j0 + c <= gr_hi ? scale : Acc(0);
-  } else if (!p.gr && HstuPlainRow(p, s, i, j0 + nk)) {
-    // Visible columns form one interval [lo, hi] (causal and window bounds only).
-    int64_t lo = 0, hi = nk - 1;
-    if (p.mask_type == HstuMask::kCausal) hi = std::min(hi, i + s.delta - j0);
-    if (p.window_left >= 0) lo = std::max(lo, i + s.delta - p.window_left - j0);
-    if (p.window_right >= 0) hi = std::min(hi, i + s.delta + p.window_right - j0);
+  int64_t lo = 0, hi = 0;
+  if (RowInterval(p, s, i, j0, nk, full, &lo, &hi)) {
     for (int64_t c = 0; c < nk; ++c) m[c] = c >= lo && c <= hi ? scale : Acc(0);
   } else {
     for (int64_t c = 0; c < nk; ++c) m[c] = HstuVisible(p, s, i, j0 + c) ? scale : Acc(0);
@@ -481,15 +495,84 @@ RECOPS_INLINE void RelBiasTile(const HstuProblem& p, const HstuTensors<T>& t, co
   }
 }
 
+// ScoreTile's row in float vectors, in one pass (the scalar form goes through memory three
+// times: the mask factors, z, the sigmoid). The mask factor of column c is `scale` inside [lo,
+// hi] and 0 outside, or m[c] when m is given. The same operations as ScoreTile in the same
+// order, so the same bits. Whole vectors are computed up to nk rounded up (the rows are kTile
+// wide); values are stored for columns < nk only.
+template <typename T, Isa I>
+RECOPS_INLINE void ScoreRowVec(const float* __restrict rel, const float* __restrict m, int64_t lo,
+                               int64_t hi, float scale, float alpha, int64_t nk,
+                               float* __restrict srow, float* __restrict dprow) {
+  using V = typename IsaVec<float, I>::type;
+  using Vu = typename IsaVec<uint32_t, I>::type;
+  constexpr int64_t W = IsaVec<float, I>::kLanes;
+  // Column c is inside [lo, hi] iff c - lo <= hi - lo as unsigned numbers (one compare, which
+  // GCC keeps in vectors; lo > hi: no column). The factor is scale's bits where it is, else 0.
+  Vu offset;  // c - lo of each lane
+  for (int l = 0; l < W; ++l) offset[l] = static_cast<uint32_t>(l - lo);
+  const uint32_t span = lo <= hi ? static_cast<uint32_t>(hi - lo) : 0u;
+  const bool none = lo > hi;
+  uint32_t scale_bits;
+  std::memcpy(&scale_bits, &scale, sizeof(scale_bits));
+  for (int64_t c = 0; c < nk; c += W, offset += static_cast<uint32_t>(W)) {
+    V zs = RoundVecTo<T>(LoadVec<V>(srow + c));
+    if (rel != nullptr) zs = zs + LoadVec<V>(rel + c);
+    const V z = alpha * zs;
+    const V sig = RecipVec<I>(1.0f + ExpVec(V{} - z));
+    V mv;
+    if (m != nullptr) {
+      mv = LoadVec<V>(m + c);
+    } else {
+      const Vu bits = none ? Vu{} : (Vu)(offset <= span) & scale_bits;
+      std::memcpy(&mv, &bits, sizeof(mv));
+    }
+    const V pv = RoundVecTo<T>(z * sig * mv);
+    V dv{};
+    if (dprow != nullptr) {
+      const V dsilu = sig * (1.0f + z * (1.0f - sig));
+      dv = RoundVecTo<T>(alpha * mv * dsilu * RoundVecTo<T>(LoadVec<V>(dprow + c)));
+    }
+    if (c + W <= nk) {
+      StoreVec(srow + c, pv);
+      if (dprow != nullptr) StoreVec(dprow + c, dv);
+    } else {
+      StoreVecHead(srow + c, pv, nk - c);
+      if (dprow != nullptr) StoreVecHead(dprow + c, dv, nk - c);
+    }
+  }
+}
+
 // Scores of one tile -> P (in place in `sc`), and with `dp` given, dS (in place in `dp`,
 // which holds dO·Vᵀ on entry). Rounding to T where the spec's kernels round. Only rows < mq
-// and columns < nk are meaningful afterwards.
+// and columns < nk are meaningful afterwards; with `bound` (a partial tile's block bounds,
+// forward only: P·V reads no further), only columns < bound[r / R] of row r.
 template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, const HstuSeq& s,
                              int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t j0, int64_t nk,
-                             Acc* sc, Acc* dp, HstuWorkspace<Acc>& w) {
+                             Acc* sc, Acc* dp, HstuWorkspace<Acc>& w,
+                             const int64_t* bound = nullptr) {
   const bool full = HstuTileFullyVisible(p, s, i0, i0 + mq, j0, j0 + nk);
   const Acc alpha = static_cast<Acc>(p.alpha);
+  if constexpr (std::is_same_v<Acc, float> &&
+                (std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16>)) {
+    if (!p.has_bias) {
+      const float scale = static_cast<float>(p.scale);
+      for (int64_t r = 0; r < mq; ++r) {
+        int64_t lo = 0, hi = 0;
+        const float* m = nullptr;
+        if (p.mask_type == HstuMask::kCustom ||
+            !RowInterval(p, s, i0 + r, j0, nk, full, &lo, &hi)) {
+          MaskRow<T, Acc>(p, t, s, b, h, i0 + r, j0, nk, full, scale, w.m);
+          m = w.m;
+        }
+        const int64_t cols = bound != nullptr ? std::min(nk, bound[r / kGemmRows<I>]) : nk;
+        ScoreRowVec<T, I>(p.rel_bias() ? w.rel + r * kTile : nullptr, m, lo, hi, scale, alpha,
+                          cols, sc + r * kTileK, dp != nullptr ? dp + r * kTileK : nullptr);
+      }
+      return;
+    }
+  }
   Acc* z = w.z;
   Acc* m = w.m;
   Acc* sig = w.sig;
@@ -594,7 +677,8 @@ RECOPS_INLINE void TileScoresBody(const HstuProblem& p, const HstuTensors<T>& t,
   if (p.rel_bias()) RelBiasTile<T, Acc, I>(p, t, s, b, i0, mq, j0, nk, w);
   TileTimesT<T, Acc, I>(q, mq, p.dim_qk, kt, w.s, bound);
   if (dout != nullptr) TileTimesT<T, Acc, I>(dout, mq, p.dim_v, vt, w.dp, bound);
-  ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, dout != nullptr ? w.dp : nullptr, w);
+  ScoreTile<T, Acc, I>(p, t, s, b, h, i0, mq, j0, nk, w.s, dout != nullptr ? w.dp : nullptr, w,
+                       dout == nullptr ? bound : nullptr);
 }
 
 // TileScoresBody compiled once per (T, I), with the work items in kernels/hstu_dense_<isa>.cc

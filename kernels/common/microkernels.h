@@ -486,6 +486,33 @@ RECOPS_INLINE typename IsaVec<float, I>::type RecipVec(typename IsaVec<float, I>
   return 1.0f / x;
 }
 
+// RoundTo<T, float> on a float vector, lane by lane with the same bits: the identity for
+// float, round to nearest even for bfloat16 (a NaN passes through as it is).
+template <typename T, typename V>
+RECOPS_INLINE V RoundVecTo(V x) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16>,
+                "float and bfloat16 rows only");
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    typedef uint32_t Vu __attribute__((vector_size(sizeof(V))));
+    Vu bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    V r;
+    std::memcpy(&r, &bits, sizeof(r));
+    return x != x ? x : r;
+  }
+}
+
+// The first n (< the vector's lanes) values of v to p; nothing past them is written.
+template <typename V>
+RECOPS_INLINE void StoreVecHead(float* p, const V& v, int64_t n) {
+  float lanes[sizeof(V) / sizeof(float)];
+  StoreVec(lanes, v);
+  std::memcpy(p, lanes, n * sizeof(float));
+}
+
 // sig[c] = sigmoid(z[c]) for c < n; float rows are processed in whole vectors, so z and sig
 // must have room for n rounded up to a vector (the lanes past n are computed and ignored).
 template <Isa I, typename Acc>
