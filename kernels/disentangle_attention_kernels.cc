@@ -55,6 +55,23 @@ RECOPS_INLINE void Matmul(int64_t m, int64_t n, int64_t k, const Acc* a, const A
   }
 }
 
+// C[M x N] = A[M x K] · B[K x N] where A and B hold input values only (Q·Kᵀ, the position
+// scores Q·PKᵀ and K·PQᵀ, dO·Vᵀ): for bfloat16 on the CPU's bfloat16 dot products where it has
+// them (GemmBf16: the products of bfloat16 inputs are exact and summed in float, in pairs of
+// k), otherwise Matmul. The GEMMs with P or the score gradients stay on float FMAs: those are
+// not rounded to bfloat16 here, and packing them would add rounding points.
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void InputMatmul(int64_t m, int64_t n, int64_t k, const Acc* a, const Acc* b,
+                               Acc* c) {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16> && I == Isa::kAvx512) {
+    if (Bf16DotPath()) {
+      GemmBf16<true, false>(m, n, k, a, k, b, n, c, n);
+      return;
+    }
+  }
+  Matmul<Acc, I>(m, n, k, a, b, c);
+}
+
 // A contiguous [rows, d] slice (one (b, h) of x [b, n, rows, d]) as Acc.
 template <typename T, typename Acc>
 void Load(const T* src, int64_t rows, int64_t d, Acc* dst) {
@@ -97,9 +114,9 @@ RECOPS_INLINE void ScoresOf(const DisentangleProblem& p, const T* mask, int64_t 
                             DisentangleScratch<Acc>& sc) {
   const int64_t s = p.s, d = p.d;
   const Acc scale = static_cast<Acc>(p.scale);
-  Matmul<Acc, I>(s, s, d, sc.q.data(), sc.kt.data(), sc.w.data());
-  if (p.c2p) Matmul<Acc, I>(s, 2 * s, d, sc.q.data(), sc.pkt.data(), sc.qp.data());
-  if (p.p2c) Matmul<Acc, I>(s, 2 * s, d, sc.k.data(), sc.pqt.data(), sc.kp.data());
+  InputMatmul<T, Acc, I>(s, s, d, sc.q.data(), sc.kt.data(), sc.w.data());
+  if (p.c2p) InputMatmul<T, Acc, I>(s, 2 * s, d, sc.q.data(), sc.pkt.data(), sc.qp.data());
+  if (p.p2c) InputMatmul<T, Acc, I>(s, 2 * s, d, sc.k.data(), sc.pqt.data(), sc.kp.data());
   const T* mask_b = p.mask_per_batch ? mask + b * s * s : nullptr;
   for (int64_t i = 0; i < s; ++i) {
     Acc* wr = sc.w.data() + i * s;
@@ -252,6 +269,8 @@ class DisentangleAttentionOp : public DisentangleBase {
     ParallelForDynamic(ctx, p.batch * p.heads, [&](int64_t item) {
       const int64_t b = item / p.heads, h = item % p.heads;
       DisentangleScratch<Acc>& sc = DisentangleScratch<Acc>::ForThread(s, d);
+      // GemmBf16 must not find another kernel's registered operands in reused memory.
+      if constexpr (std::is_same_v<T, Eigen::bfloat16>) Bf16ClearOperands();
       LoadItem<T, Acc>(p, in[0], in[1], in[2], in[3], in[4], b, h, sc);
       RECOPS_WITH_ISA((ScoresOf<T, Acc, I>(p, mask, b, sc)));
       RECOPS_WITH_ISA((Matmul<Acc, I>(s, d, s, sc.p.data(), sc.v.data(), sc.buf1.data())));
@@ -299,13 +318,15 @@ class DisentangleAttentionGradOp : public DisentangleBase {
     ParallelForDynamic(ctx, items, [&](int64_t item) {
       const int64_t b = item / p.heads, h = item % p.heads;
       DisentangleScratch<Acc>& sc = DisentangleScratch<Acc>::ForThread(s, d);
+      // GemmBf16 must not find another kernel's registered operands in reused memory.
+      if constexpr (std::is_same_v<T, Eigen::bfloat16>) Bf16ClearOperands();
       LoadItem<T, Acc>(p, in[0], in[1], in[2], in[3], in[4], b, h, sc);
       RECOPS_WITH_ISA((ScoresOf<T, Acc, I>(p, mask, b, sc)));
       // dO [s, d] into buf3; dP = dO·Vᵀ + d_probs into buf1 (via Vᵀ in buf2).
       Acc* d_o = sc.buf3.data();
       Load<T, Acc>(dout + item * s * d, s, d, d_o);
       TransposeTiles<Acc, Acc>(sc.v.data(), s, d, sc.buf2.data());
-      RECOPS_WITH_ISA((Matmul<Acc, I>(s, s, d, d_o, sc.buf2.data(), sc.buf1.data())));
+      RECOPS_WITH_ISA((InputMatmul<T, Acc, I>(s, s, d, d_o, sc.buf2.data(), sc.buf1.data())));
       // dV = Pᵀ·dO.
       sc.dq.resize(s * d);
       sc.dk.resize(s * d);

@@ -48,6 +48,11 @@ for dtype in (tf.float32, tf.bfloat16, tf.float64):
             x, u, tf.ones([40], dtype), tf.zeros([40], dtype), dropout_rate=0.2, seed=[3, 4]),
         "in_linear_silu": lambda x: tf.concat(rt.in_linear_silu(x, w, tf.zeros([24], dtype),
                                                                 [6, 6, 6, 6]), 1),
+        # s = 24, d = 40: GEMM tails on every path (2s = 48 position columns, k = 40).
+        "disentangle": lambda x: rt.disentangle_attention(
+            tf.reshape(x, [2, 2, 24, 40]), tf.reshape(u, [2, 2, 24, 40]),
+            tf.reshape(x[::-1], [2, 2, 24, 40]), tf.reshape(u, [48, 2, 40]),
+            tf.reshape(x, [48, 2, 40]), np.subtract.outer(np.arange(24), np.arange(24)) // 2)[0],
         "token_mixing": lambda x: rt.token_mixing(tf.reshape(x[:, :32], [12, 16, 16]),
                                                   tf.ones([16], dtype), tf.zeros([16], dtype)),
     }
