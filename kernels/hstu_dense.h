@@ -567,8 +567,8 @@ RECOPS_INLINE void ScoreTile(const HstuProblem& p, const HstuTensors<T>& t, cons
           m = w.m;
         }
         const int64_t cols = bound != nullptr ? std::min(nk, bound[r / kGemmRows<I>]) : nk;
-        ScoreRowVec<T, I>(p.rel_bias() ? w.rel + r * kTile : nullptr, m, lo, hi, scale, alpha,
-                          cols, sc + r * kTileK, dp != nullptr ? dp + r * kTileK : nullptr);
+        ScoreRowVec<T, I>(p.rel_bias() ? w.rel + r * kTile : nullptr, m, lo, hi, scale, alpha, cols,
+                          sc + r * kTileK, dp != nullptr ? dp + r * kTileK : nullptr);
       }
       return;
     }
