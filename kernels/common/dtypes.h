@@ -122,16 +122,24 @@ inline __attribute__((always_inline)) uint32_t Bfloat16Bits(float x) {
   return (((bits | 0x00400000u) & nan_mask) | (rounded & ~nan_mask)) & 0xffff0000u;
 }
 
-template <>
-inline __attribute__((always_inline)) float RoundTo<Eigen::bfloat16, float>(float x) {
-  // Hot (every score is rounded twice): a NaN passes through as it is, which costs one
-  // compare instead of the bit juggling of Bfloat16Bits.
-  uint32_t bits;
+// x rounded to bfloat16 (to nearest even) and back, for a float (U = uint32_t) or a GCC
+// vector of floats (U: the vector of uint32_t of its size), lane by lane. Hot (every score is
+// rounded twice): a NaN passes through as it is, which costs one compare instead of the bit
+// juggling of Bfloat16Bits.
+template <typename F, typename U>
+inline __attribute__((always_inline)) F RoundToBfloat16(F x) {
+  static_assert(sizeof(F) == sizeof(U), "U: the unsigned integers of F's size");
+  U bits;
   std::memcpy(&bits, &x, sizeof(bits));
   bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  float r;
+  F r;
   std::memcpy(&r, &bits, sizeof(r));
   return x != x ? x : r;
+}
+
+template <>
+inline __attribute__((always_inline)) float RoundTo<Eigen::bfloat16, float>(float x) {
+  return RoundToBfloat16<float, uint32_t>(x);
 }
 
 // Converts an accumulator value to T (round to nearest even), vectorisably for the 16-bit

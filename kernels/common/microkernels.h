@@ -496,12 +496,7 @@ RECOPS_INLINE V RoundVecTo(V x) {
     return x;
   } else {
     typedef uint32_t Vu __attribute__((vector_size(sizeof(V))));
-    Vu bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-    V r;
-    std::memcpy(&r, &bits, sizeof(r));
-    return x != x ? x : r;
+    return RoundToBfloat16<V, Vu>(x);
   }
 }
 
