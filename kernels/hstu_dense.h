@@ -519,7 +519,7 @@ RECOPS_INLINE void ScoreRowVec(const float* __restrict rel, const float* __restr
     V zs = RoundVecTo<T>(LoadVec<V>(srow + c));
     if (rel != nullptr) zs = zs + LoadVec<V>(rel + c);
     const V z = alpha * zs;
-    const V sig = RecipVec<I>(1.0f + ExpVec(V{} - z));
+    const V sig = SigmoidVec<I>(z);
     V mv;
     if (m != nullptr) {
       mv = LoadVec<V>(m + c);

@@ -508,6 +508,13 @@ RECOPS_INLINE void StoreVecHead(float* p, const V& v, int64_t n) {
   std::memcpy(p, lanes, n * sizeof(float));
 }
 
+// sigmoid(z) of a float vector: 1 / (1 + exp(-z)), the one form of every float sigmoid here.
+template <Isa I>
+RECOPS_INLINE typename IsaVec<float, I>::type SigmoidVec(typename IsaVec<float, I>::type z) {
+  using V = typename IsaVec<float, I>::type;
+  return RecipVec<I>(1.0f + ExpVec(V{} - z));
+}
+
 // sig[c] = sigmoid(z[c]) for c < n; float rows are processed in whole vectors, so z and sig
 // must have room for n rounded up to a vector (the lanes past n are computed and ignored).
 template <Isa I, typename Acc>
@@ -515,10 +522,7 @@ RECOPS_INLINE void SigmoidRow(const Acc* z, int64_t n, Acc* sig) {
   if constexpr (std::is_same_v<Acc, float>) {
     using V = typename IsaVec<float, I>::type;
     constexpr int64_t W = IsaVec<float, I>::kLanes;
-    for (int64_t c = 0; c < n; c += W) {
-      const V e = ExpVec(V{} - LoadVec<V>(z + c));
-      StoreVec(sig + c, RecipVec<I>(1.0f + e));
-    }
+    for (int64_t c = 0; c < n; c += W) StoreVec(sig + c, SigmoidVec<I>(LoadVec<V>(z + c)));
   } else {
     for (int64_t c = 0; c < n; ++c) sig[c] = Acc(1) / (Acc(1) + std::exp(-z[c]));
   }
