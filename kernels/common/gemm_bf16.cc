@@ -1,23 +1,30 @@
 // GemmBf16 (kernels/common/microkernels.h): tile GEMMs on the CPU's bfloat16 dot products
 // (AVX512-BF16 vdpbf16ps: 32 products of bfloat16 pairs summed into 16 float lanes per
-// instruction, twice the multiply-adds of a float FMA of the same width). Compiled for that
-// target here alone; callers reach it only where the CPU has AVX512-BF16 (Bf16DotPath).
+// instruction, twice the multiply-adds of a float FMA of the same width), and on the AMX path
+// (RECOPS_ISA=amx) the whole 16 x 16 blocks of C on AMX-BF16 tiles (tdpbf16ps: a 16 x 16 float
+// tile += 16 rows x 32 bfloat16 of A times 32 x 16 of B per instruction). Compiled for those
+// targets here alone; callers reach it only where the CPU has AVX512-BF16 (Bf16DotPath), and
+// the tiles only on the AMX path (AmxPath: the CPU has AMX-BF16 and the OS granted its state).
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
+#include "kernels/common/dispatch.h"
 #include "kernels/common/microkernels.h"
 
 namespace recops {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
-#pragma GCC target("arch=x86-64-v4,avx512bf16")
+#pragma GCC target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16")
 
 namespace {
 
 // Per-thread packed operands, grown on demand and reused (as the HSTU workspace is).
 struct Bf16Packs {
-  std::vector<uint32_t> a, b;
+  std::vector<uint32_t> a, at, b;  // at: a transposed A's pairs in rows, for the tiles
   static Bf16Packs& ForThread() {
     thread_local Bf16Packs packs;
     return packs;
@@ -177,35 +184,298 @@ const uint32_t* FindA(const float* a, int64_t lda, int64_t M, int64_t K, int64_t
   return o->a.data() + (row * o->ld + col) / 2;
 }
 
-}  // namespace
+// AMX tiles. GemmBf16 configures every tile as 16 rows of 64 bytes, one configuration for all
+// its GEMMs: tiles 0-3 hold a 32 x 32 block of C (tile c: rows 16 (c / 2) on, columns 16 (c % 2)
+// on; 16 x 16 floats each), tiles 4-5 16 rows of A's pairs (16 pairs of k each), tiles 6-7 16
+// pair rows of B x 16 columns. That is the layout of the B pair rows packed above (Intel's
+// "VNNI" layout) and of A's plain pack: the packs serve both paths.
+struct TileConfig {  // LDTILECFG's 64-byte operand, palette 1
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};  // bytes per row of tile t
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 
-void Bf16RegisterOperand(const float* base, int64_t rows, int64_t ld) {
-  Operands& all = Operands::ForThread();
-  for (Operand& o : all.slot) {  // a registration overlapping this buffer is stale
-    if (o.base != nullptr && o.base < base + rows * ld && base < o.base + o.rows * o.ld)
-      o.base = nullptr;
+const TileConfig& GemmTiles() {
+  alignas(64) static const TileConfig config = [] {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) {
+      c.colsb[t] = 64;
+      c.rows[t] = 16;
+    }
+    return c;
+  }();
+  return config;
+}
+
+// The CPU's tiles. GCC's tile intrinsics paste the tile number into the instruction (it must
+// be a literal: hence the switches, resolved at compile time) and their asm statements declare
+// no memory operands: compiler barriers order them against the packs written before and the
+// rows of C read after.
+struct AmxTiles {
+  // Whether this thread's tiles hold GemmTiles(): reset by Bf16ClearOperands at each work
+  // item's start, since between items other code on the thread (oneDNN) may configure them.
+  static bool& Configured() {
+    thread_local bool configured = false;
+    return configured;
   }
-  Operand& o = all.slot[all.next];
-  all.next = (all.next + 1) % kOperands;
-  o.base = base;
-  o.rows = rows;
-  o.ld = ld;
-  o.a_ready = o.b_ready = false;
+  static void Configure(const TileConfig& config) {
+    asm volatile("" ::: "memory");
+    _tile_loadconfig(&config);
+  }
+  template <int t>
+  static void Load(const void* p, int64_t stride) {
+    asm volatile("" ::: "memory");
+    switch (t) {
+      case 0:
+        _tile_loadd(0, p, stride);
+        break;
+      case 1:
+        _tile_loadd(1, p, stride);
+        break;
+      case 2:
+        _tile_loadd(2, p, stride);
+        break;
+      case 3:
+        _tile_loadd(3, p, stride);
+        break;
+      case 4:
+        _tile_loadd(4, p, stride);
+        break;
+      case 5:
+        _tile_loadd(5, p, stride);
+        break;
+      case 6:
+        _tile_loadd(6, p, stride);
+        break;
+      default:
+        _tile_loadd(7, p, stride);
+        break;
+    }
+  }
+  template <int t>
+  static void Zero() {
+    switch (t) {
+      case 0:
+        _tile_zero(0);
+        break;
+      case 1:
+        _tile_zero(1);
+        break;
+      case 2:
+        _tile_zero(2);
+        break;
+      default:
+        _tile_zero(3);
+        break;
+    }
+  }
+  template <int t>
+  static void Store(void* p, int64_t stride) {
+    switch (t) {
+      case 0:
+        _tile_stored(0, p, stride);
+        break;
+      case 1:
+        _tile_stored(1, p, stride);
+        break;
+      case 2:
+        _tile_stored(2, p, stride);
+        break;
+      default:
+        _tile_stored(3, p, stride);
+        break;
+    }
+    asm volatile("" ::: "memory");
+  }
+  // C tile c += A tile 4 + c / 2 times B tile 6 + c % 2.
+  template <int c>
+  static void Dot() {
+    switch (c) {
+      case 0:
+        _tile_dpbf16ps(0, 4, 6);
+        break;
+      case 1:
+        _tile_dpbf16ps(1, 4, 7);
+        break;
+      case 2:
+        _tile_dpbf16ps(2, 5, 6);
+        break;
+      default:
+        _tile_dpbf16ps(3, 5, 7);
+        break;
+    }
+  }
+};
+
+// AMX tiles emulated from the instructions' definitions (Intel SDM: LDTILECFG, TILELOADD,
+// TILESTORED, TILEZERO, TDPBF16PS) so that GemmBf16's tile code runs and is checked on any CPU
+// with AVX512-BF16: a load or store moves exactly the rows x bytes per row the configuration
+// gives the tile (reading or writing nothing else), and an instruction before the tiles are
+// configured, or a product whose tile shapes do not match, aborts (the CPU would raise #UD).
+// RECOPS_ISA=amx_emulated runs the kernels on it; tests/cc/gemm_bf16_test.cc checks it.
+struct EmulatedTiles {
+  struct State {
+    TileConfig config;
+    bool valid = false;
+    uint8_t tile[8][16][64];
+  };
+  static State& S() {
+    thread_local State s;
+    return s;
+  }
+  static bool& Configured() {
+    thread_local bool configured = false;
+    return configured;
+  }
+  [[noreturn]] static void Fault(const char* what) {
+    std::fprintf(stderr, "recops_tf: emulated AMX tiles: %s\n", what);
+    std::abort();
+  }
+  static void Configure(const TileConfig& c) {
+    State& s = S();
+    s.config = c;
+    s.valid = c.palette == 1;
+    for (int t = 0; t < 8; ++t) s.valid = s.valid && c.rows[t] <= 16 && c.colsb[t] <= 64;
+    if (!s.valid) Fault("a configuration LDTILECFG rejects");
+    std::memset(s.tile, 0, sizeof(s.tile));
+  }
+  template <int t>
+  static void Load(const void* p, int64_t stride) {
+    State& s = S();
+    if (!s.valid) Fault("a tile load before configuration");
+    std::memset(s.tile[t], 0, sizeof(s.tile[t]));
+    for (int r = 0; r < s.config.rows[t]; ++r)
+      std::memcpy(s.tile[t][r], static_cast<const char*>(p) + r * stride, s.config.colsb[t]);
+  }
+  template <int t>
+  static void Zero() {
+    if (!S().valid) Fault("a tile zeroed before configuration");
+    std::memset(S().tile[t], 0, sizeof(S().tile[t]));
+  }
+  template <int t>
+  static void Store(void* p, int64_t stride) {
+    State& s = S();
+    if (!s.valid) Fault("a tile store before configuration");
+    for (int r = 0; r < s.config.rows[t]; ++r)
+      std::memcpy(static_cast<char*>(p) + r * stride, s.tile[t][r], s.config.colsb[t]);
+  }
+  // bfloat16 as float, a denormal as zero (the instruction's DAZ).
+  static float Bf16(const uint8_t* p) {
+    uint32_t bits = uint32_t{p[0]} << 16 | uint32_t{p[1]} << 24;
+    if ((bits & 0x7f800000u) == 0) bits &= 0x80000000u;
+    float x;
+    std::memcpy(&x, &bits, 4);
+    return x;
+  }
+  // Tile c += tile 4 + c / 2 times tile 6 + c % 2, as the SDM's TDPBF16PS: per row m and pair
+  // k, for each column n the odd then the even product added to the float accumulator.
+  template <int c>
+  static void Dot() {
+    State& s = S();
+    const int a = 4 + c / 2, b = 6 + c % 2;
+    const TileConfig& g = s.config;
+    if (!s.valid) Fault("a dot product before configuration");
+    if (g.rows[c] != g.rows[a] || g.colsb[c] != g.colsb[b] || g.rows[b] * 4 != g.colsb[a])
+      Fault("a dot product of tiles whose shapes do not match");
+    for (int m = 0; m < g.rows[c]; ++m) {
+      for (int k = 0; k < g.colsb[a] / 4; ++k) {
+        for (int n = 0; n < g.colsb[c] / 4; ++n) {
+          float acc;
+          std::memcpy(&acc, s.tile[c][m] + 4 * n, 4);
+          acc += Bf16(s.tile[a][m] + 4 * k + 2) * Bf16(s.tile[b][k] + 4 * n + 2);
+          acc += Bf16(s.tile[a][m] + 4 * k) * Bf16(s.tile[b][k] + 4 * n);
+          std::memcpy(s.tile[c][m] + 4 * n, &acc, 4);
+        }
+      }
+    }
+  }
+};
+
+// The vector path alone (no tiles).
+struct NoTiles {};
+
+// C[0, M16) x [0, N16) (+)= A · B over pairs [0, kh16) of k, all three multiples of 16, on
+// Tiles: blocks of 32 x 32 (16 rows or columns at an edge). A's pairs in rows (row i's pair kk
+// at ap[i * si + kk]), B's pair row kk at bp[kk * ldbp]. Every tile load and store stays inside
+// those rows, pairs and columns.
+template <class Tiles, bool kOverwrite>
+void TileBlocks(int64_t M16, int64_t N16, int64_t kh16, const uint32_t* ap, int64_t si,
+                const uint32_t* bp, int64_t ldbp, float* c, int64_t ldc) {
+  if (!Tiles::Configured()) {
+    Tiles::Configure(GemmTiles());
+    Tiles::Configured() = true;
+  }
+  const int64_t sa = si * 4, sb = ldbp * 4, sc = ldc * 4;  // row strides in bytes
+  for (int64_t i = 0; i < M16; i += 32) {
+    const bool two_rows = i + 32 <= M16;
+    for (int64_t n = 0; n < N16; n += 32) {
+      const bool two_cols = n + 32 <= N16;
+      float* const c0 = c + i * ldc + n;
+      float* const c1 = c0 + 16;
+      float* const c2 = c0 + 16 * ldc;
+      float* const c3 = c2 + 16;
+      if (kOverwrite) {
+        Tiles::template Zero<0>();
+        Tiles::template Zero<1>();
+        Tiles::template Zero<2>();
+        Tiles::template Zero<3>();
+      } else {
+        Tiles::template Load<0>(c0, sc);
+        if (two_cols) Tiles::template Load<1>(c1, sc);
+        if (two_rows) Tiles::template Load<2>(c2, sc);
+        if (two_rows && two_cols) Tiles::template Load<3>(c3, sc);
+      }
+      for (int64_t kk = 0; kk < kh16; kk += 16) {
+        Tiles::template Load<4>(ap + i * si + kk, sa);
+        if (two_rows) Tiles::template Load<5>(ap + (i + 16) * si + kk, sa);
+        Tiles::template Load<6>(bp + kk * ldbp + n, sb);
+        if (two_cols) Tiles::template Load<7>(bp + kk * ldbp + n + 16, sb);
+        Tiles::template Dot<0>();
+        if (two_cols) Tiles::template Dot<1>();
+        if (two_rows) Tiles::template Dot<2>();
+        if (two_rows && two_cols) Tiles::template Dot<3>();
+      }
+      Tiles::template Store<0>(c0, sc);
+      if (two_cols) Tiles::template Store<1>(c1, sc);
+      if (two_rows) Tiles::template Store<2>(c2, sc);
+      if (two_rows && two_cols) Tiles::template Store<3>(c3, sc);
+    }
+  }
 }
 
-void Bf16ClearOperands() {
-  for (Operand& o : Operands::ForThread().slot) o.base = nullptr;
+// C rows [0, M) x columns [n_begin, N) (+)= A · B over kh pairs in float vectors (n_begin a
+// multiple of 16; ap, si, sk as Block's, bp at column 0).
+template <bool kOverwrite>
+void VectorColumns(int64_t M, int64_t n_begin, int64_t N, int64_t kh, const uint32_t* ap,
+                   int64_t si, int64_t sk, const uint32_t* bp, int64_t ldbp, float* C,
+                   int64_t ldc) {
+  const int64_t np = (N + 15) / 16 * 16;
+  const __mmask16 whole = static_cast<__mmask16>(0xffff);
+  int64_t n0 = n_begin;
+  for (; n0 + 32 <= np; n0 += 32) {
+    Columns<2, kOverwrite>(M, kh, ap, si, sk, bp + n0, ldbp, C + n0, ldc,
+                           n0 + 32 <= N ? whole : Lanes(N - n0 - 16));
+  }
+  if (n0 < np) Columns<1, kOverwrite>(M, kh, ap, si, sk, bp + n0, ldbp, C + n0, ldc, Lanes(N - n0));
 }
 
-template <bool kOverwrite, bool kTransA>
-void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
-              int64_t ldb, float* C, int64_t ldc) {
+// GemmBf16 with its whole 16 x 16 blocks on Tiles (AmxTiles or EmulatedTiles; or NoTiles:
+// vectors only).
+template <class Tiles, bool kOverwrite, bool kTransA>
+void GemmBf16With(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
+                  int64_t ldb, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   const int64_t kh = (K + 1) / 2;         // pairs of k (an odd K's last pair ends in 0)
   const int64_t np = (N + 15) / 16 * 16;  // B's packed columns
+  constexpr bool kHasTiles = !std::is_same_v<Tiles, NoTiles>;
+  const int64_t M16 = M / 16 * 16, N16 = N / 16 * 16, kh16 = kh / 16 * 16;
+  const bool tiles = kHasTiles && M16 > 0 && N16 > 0 && kh16 > 0;
   Bf16Packs& packs = Bf16Packs::ForThread();
   // A's pairs: plain, row i's pairs contiguous (as bfloat16 in k order: one conversion of
-  // 32 values gives 16 pairs); transposed, pair row kk of the [K x M] storage.
+  // 32 values gives 16 pairs); transposed, pair row kk of the [K x M] storage, and for the
+  // tiles (which read pairs in rows) that transposed once more.
   int64_t si = 0, sk = 1, ldbp = np;
   const uint32_t* ap = kTransA ? nullptr : FindA(a, lda, M, K, &si);
   const uint32_t* bp = FindB(B, ldb, K, N, &ldbp);
@@ -217,6 +487,15 @@ void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, cons
       PackRowPairs(a, lda, K, 2 * kk, M, mp, packs.a.data() + kk * mp);
     si = 1;
     sk = mp;
+    if (tiles) {
+      if (static_cast<int64_t>(packs.at.size()) < M * kh) packs.at.resize(M * kh);
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t kk = 0; kk < kh; ++kk) packs.at[i * kh + kk] = packs.a[kk * mp + i];
+      }
+      ap = packs.at.data();
+      si = kh;
+      sk = 1;
+    }
   } else if (ap == nullptr) {
     const int64_t kp = (kh + 15) / 16 * 16;
     if (static_cast<int64_t>(packs.a.size()) < M * kp) packs.a.resize(M * kp);
@@ -238,13 +517,58 @@ void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, cons
       PackRowPairs(B, ldb, K, 2 * kk, N, np, packs.b.data() + kk * np);
     bp = packs.b.data();
   }
-  const __mmask16 whole = static_cast<__mmask16>(0xffff);
-  int64_t n0 = 0;
-  for (; n0 + 32 <= np; n0 += 32) {
-    Columns<2, kOverwrite>(M, kh, ap, si, sk, bp + n0, ldbp, C + n0, ldc,
-                           n0 + 32 <= N ? whole : Lanes(N - n0 - 16));
+  if constexpr (kHasTiles) {
+    if (tiles) {
+      // The 16-aligned block on tiles, its last pairs of k (fewer than 16) in vectors; then the
+      // columns right of it and the rows below it in vectors.
+      TileBlocks<Tiles, kOverwrite>(M16, N16, kh16, ap, si, bp, ldbp, C, ldc);
+      if (kh16 < kh) {
+        VectorColumns<false>(M16, 0, N16, kh - kh16, ap + kh16, si, sk, bp + kh16 * ldbp, ldbp, C,
+                             ldc);
+      }
+      if (N16 < N) VectorColumns<kOverwrite>(M16, N16, N, kh, ap, si, sk, bp, ldbp, C, ldc);
+      if (M16 < M) {
+        VectorColumns<kOverwrite>(M - M16, 0, N, kh, ap + M16 * si, si, sk, bp, ldbp, C + M16 * ldc,
+                                  ldc);
+      }
+      return;
+    }
   }
-  if (n0 < np) Columns<1, kOverwrite>(M, kh, ap, si, sk, bp + n0, ldbp, C + n0, ldc, Lanes(N - n0));
+  VectorColumns<kOverwrite>(M, 0, N, kh, ap, si, sk, bp, ldbp, C, ldc);
+}
+
+}  // namespace
+
+void Bf16RegisterOperand(const float* base, int64_t rows, int64_t ld) {
+  Operands& all = Operands::ForThread();
+  for (Operand& o : all.slot) {  // a registration overlapping this buffer is stale
+    if (o.base != nullptr && o.base < base + rows * ld && base < o.base + o.rows * o.ld)
+      o.base = nullptr;
+  }
+  Operand& o = all.slot[all.next];
+  all.next = (all.next + 1) % kOperands;
+  o.base = base;
+  o.rows = rows;
+  o.ld = ld;
+  o.a_ready = o.b_ready = false;
+}
+
+void Bf16ClearOperands() {
+  for (Operand& o : Operands::ForThread().slot) o.base = nullptr;
+  AmxTiles::Configured() = false;
+  EmulatedTiles::Configured() = false;
+}
+
+template <bool kOverwrite, bool kTransA>
+void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
+              int64_t ldb, float* C, int64_t ldc) {
+  if (AmxPath() && !AmxEmulated()) {
+    GemmBf16With<AmxTiles, kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
+  } else if (AmxPath()) {
+    GemmBf16With<EmulatedTiles, kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
+  } else {
+    GemmBf16With<NoTiles, kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
+  }
 }
 
 #define RECOPS_GEMM_BF16_DEFINE_(OVERWRITE, TRANS_A)                                           \

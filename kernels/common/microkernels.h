@@ -254,6 +254,10 @@ RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kAvx512)
 // of the same products as GemmAcc's, in another order: pairs of k (from 0; an odd K's last
 // pair ends in a zero), then the pairs in k order; denormal inputs and results are zero (the
 // instruction's DAZ / FTZ). Call only where Bf16DotPath() (kernels/common/dispatch.h) holds.
+// On the AMX path (AmxPath()) the whole 16 x 16 blocks of C over whole 16-pair steps of k run on
+// AMX tiles (tdpbf16ps, the same exact products summed in float); the thread's tiles are
+// configured by its first GEMM after Bf16ClearOperands(), which a caller therefore calls at the
+// start of each work item (other code on the thread may configure them between items).
 //
 // A caller that multiplies the same packed buffer in many GEMMs (a work item's tiles) registers
 // it once, Bf16RegisterOperand(base, rows, ld): rows x ld floats at base, not to be written

@@ -3,8 +3,11 @@
 // (computed in double) up to float rounding of a K-term sum, columns and rows outside C's
 // block untouched, for plain and transposed A, overwrite and accumulate, shapes reaching every
 // register block and tail (odd K, N not a multiple of 16, M not a multiple of 8); operands
-// from registered buffers as from per-call packs (CheckRegistered). Exits 77 (a
-// skip, tests/test_cc_units.py) on a CPU without AVX512-BF16.
+// from registered buffers as from per-call packs (CheckRegistered). All of it three ways: in
+// vectors alone, with the whole 16 x 16 blocks on emulated AMX tiles (EmulatedTiles: the tile
+// code checked on any CPU with AVX512-BF16; a fault of the emulation aborts) and, where the CPU has
+// AMX-BF16 and the OS grants its state, on the CPU's tiles. Exits 77 (a skip,
+// tests/test_cc_units.py) on a CPU without AVX512-BF16.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -28,25 +31,28 @@ float Bf16Value(std::mt19937_64& rng) {
   return x;
 }
 
-template <bool kOverwrite, bool kTransA>
-void CheckGemm(std::mt19937_64& rng) {
-  for (int64_t m : {1, 3, 4, 5, 8, 13, 64}) {
+// Shapes reaching the tiles' 32 x 32 and 16-row or -column edge blocks and their tails too:
+// M and N of 16, 17, 32, 48; K of 32 (16 pairs), 40 (4 pairs after the tiles), 65 (odd).
+template <class Tiles, bool kOverwrite, bool kTransA>
+void CheckGemm(std::mt19937_64& rng, const char* how) {
+  for (int64_t m : {1, 3, 5, 8, 13, 16, 17, 32, 48, 64}) {
     for (int64_t n : {1, 7, 16, 17, 32, 40, 50, 64, 70}) {
-      for (int64_t k : {1, 2, 17, 64, 65}) {
+      for (int64_t k : {1, 2, 17, 32, 40, 64, 65}) {
         const int64_t lda = (kTransA ? m : k) + 3, ldb = n + 2, ldc = n + 1;
         std::vector<float> a((kTransA ? k : m) * lda), b(k * ldb), c((m + 1) * ldc);
         for (float& v : a) v = Bf16Value(rng);
         for (float& v : b) v = Bf16Value(rng);
         for (float& v : c) v = Bf16Value(rng);
         const std::vector<float> before = c;
-        recops::GemmBf16<kOverwrite, kTransA>(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc);
+        recops::GemmBf16With<Tiles, kOverwrite, kTransA>(m, n, k, a.data(), lda, b.data(), ldb,
+                                                         c.data(), ldc);
         for (int64_t i = 0; i <= m; ++i) {
           for (int64_t j = 0; j < ldc; ++j) {
             const float got = c[i * ldc + j];
             if (i == m || j >= n) {  // outside the block: untouched
               if (got != before[i * ldc + j] && bad++ < 20)
-                std::printf("wrote outside C at (%lld, %lld), shape %lld %lld %lld\n", (long long)i,
-                            (long long)j, (long long)m, (long long)n, (long long)k);
+                std::printf("%s: wrote outside C at (%lld, %lld), shape %lld %lld %lld\n", how,
+                            (long long)i, (long long)j, (long long)m, (long long)n, (long long)k);
               continue;
             }
             double exact = kOverwrite ? 0.0 : before[i * ldc + j], magnitude = std::fabs(exact);
@@ -57,8 +63,8 @@ void CheckGemm(std::mt19937_64& rng) {
             }
             const double bound = (k + 2) * std::ldexp(magnitude, -24) + 1e-30;
             if (!(std::fabs(got - exact) <= bound) && bad++ < 20)
-              std::printf("GemmBf16<%d, %d> (%lld, %lld) of %lld x %lld x %lld: %.9g vs %.9g\n",
-                          kOverwrite, kTransA, (long long)i, (long long)j, (long long)m,
+              std::printf("%s: GemmBf16<%d, %d> (%lld, %lld) of %lld x %lld x %lld: %.9g vs %.9g\n",
+                          how, kOverwrite, kTransA, (long long)i, (long long)j, (long long)m,
                           (long long)n, (long long)k, got, exact);
           }
         }
@@ -71,7 +77,8 @@ void CheckGemm(std::mt19937_64& rng) {
 // same bits as the same GEMM packing them per call, for A rows and B pair rows at even and odd
 // offsets and an odd K (both not taken from the registry), and follow a buffer registered
 // anew after it changed; after Bf16ClearOperands, nothing is read from the old copies.
-void CheckRegistered(std::mt19937_64& rng) {
+template <class Tiles>
+void CheckRegistered(std::mt19937_64& rng, const char* how) {
   const int64_t ld = 64, rows = 128;
   std::vector<float> abuf(rows * ld), bbuf(rows * ld), c(64 * 80), want(64 * 80);
   for (int round = 0; round < 10; ++round) {  // more than the 8 slots kept: each reused
@@ -90,18 +97,29 @@ void CheckRegistered(std::mt19937_64& rng) {
             const float* a = abuf.data() + a_row * ld;
             const float* b = bbuf.data() + b_row * ld;
             std::vector<float> ac(a, a + 64 * ld), bc(b, b + k * ld);  // unregistered copies
-            recops::GemmBf16<true, false>(64, n, k, ac.data(), ld, bc.data(), ld, want.data(), 80);
-            recops::GemmBf16<true, false>(64, n, k, a, ld, b, ld, c.data(), 80);
+            recops::GemmBf16With<Tiles, true, false>(64, n, k, ac.data(), ld, bc.data(), ld,
+                                                     want.data(), 80);
+            recops::GemmBf16With<Tiles, true, false>(64, n, k, a, ld, b, ld, c.data(), 80);
             for (int64_t e = 0; e < 64 * 80; ++e) {
               if (e % 80 < n && c[e] != want[e] && bad++ < 20)
-                std::printf("registered operands, round %d, rows %lld / %lld, k %lld: %g vs %g\n",
-                            round, (long long)a_row, (long long)b_row, (long long)k, c[e], want[e]);
+                std::printf(
+                    "%s: registered operands, round %d, rows %lld / %lld, k %lld: %g vs %g\n", how,
+                    round, (long long)a_row, (long long)b_row, (long long)k, c[e], want[e]);
             }
           }
         }
       }
     }
   }
+}
+
+template <class Tiles>
+void Check(std::mt19937_64& rng, const char* how) {
+  CheckGemm<Tiles, false, false>(rng, how);
+  CheckGemm<Tiles, false, true>(rng, how);
+  CheckGemm<Tiles, true, false>(rng, how);
+  CheckGemm<Tiles, true, true>(rng, how);
+  CheckRegistered<Tiles>(rng, how);
 }
 
 }  // namespace
@@ -113,11 +131,13 @@ int main() {
     return 77;
   }
   std::mt19937_64 rng(7);
-  CheckGemm<false, false>(rng);
-  CheckGemm<false, true>(rng);
-  CheckGemm<true, false>(rng);
-  CheckGemm<true, true>(rng);
-  CheckRegistered(rng);
+  Check<recops::NoTiles>(rng, "vectors");
+  Check<recops::EmulatedTiles>(rng, "emulated AMX tiles");
+  if (recops::CpuHasAmxBf16() && recops::RequestAmxState()) {
+    Check<recops::AmxTiles>(rng, "AMX tiles");
+  } else {
+    std::printf("no AMX-BF16 tiles here (CPU or OS): run on emulated tiles only\n");
+  }
   std::printf("%s\n", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
