@@ -269,8 +269,9 @@ class DisentangleAttentionOp : public DisentangleBase {
     ParallelForDynamic(ctx, p.batch * p.heads, [&](int64_t item) {
       const int64_t b = item / p.heads, h = item % p.heads;
       DisentangleScratch<Acc>& sc = DisentangleScratch<Acc>::ForThread(s, d);
-      // GemmBf16 must not find another kernel's registered operands in reused memory.
-      if constexpr (std::is_same_v<T, Eigen::bfloat16>) Bf16ClearOperands();
+      // GemmBf16 must not find another kernel's registered operands in reused memory; the AMX
+      // tiles are released at the item's end.
+      const Bf16Item bf16_item(std::is_same_v<T, Eigen::bfloat16>);
       LoadItem<T, Acc>(p, in[0], in[1], in[2], in[3], in[4], b, h, sc);
       RECOPS_WITH_ISA((ScoresOf<T, Acc, I>(p, mask, b, sc)));
       RECOPS_WITH_ISA((Matmul<Acc, I>(s, d, s, sc.p.data(), sc.v.data(), sc.buf1.data())));
@@ -318,8 +319,9 @@ class DisentangleAttentionGradOp : public DisentangleBase {
     ParallelForDynamic(ctx, items, [&](int64_t item) {
       const int64_t b = item / p.heads, h = item % p.heads;
       DisentangleScratch<Acc>& sc = DisentangleScratch<Acc>::ForThread(s, d);
-      // GemmBf16 must not find another kernel's registered operands in reused memory.
-      if constexpr (std::is_same_v<T, Eigen::bfloat16>) Bf16ClearOperands();
+      // GemmBf16 must not find another kernel's registered operands in reused memory; the AMX
+      // tiles are released at the item's end.
+      const Bf16Item bf16_item(std::is_same_v<T, Eigen::bfloat16>);
       LoadItem<T, Acc>(p, in[0], in[1], in[2], in[3], in[4], b, h, sc);
       RECOPS_WITH_ISA((ScoresOf<T, Acc, I>(p, mask, b, sc)));
       // dO [s, d] into buf3; dP = dO·Vᵀ + d_probs into buf1 (via Vᵀ in buf2).

@@ -1308,7 +1308,7 @@ const HstuEntries<T>& HstuBestEntries();
 #define RECOPS_HSTU_ENTRY(NAME, ITEM, I, ATTR)                                       \
   template <typename T>                                                              \
   ATTR void NAME(const HstuProblem& p, const HstuTensors<T>& t, const HstuItem& i) { \
-    if constexpr (std::is_same_v<T, Eigen::bfloat16>) Bf16ClearOperands();           \
+    const Bf16Item bf16_item(std::is_same_v<T, Eigen::bfloat16>);                    \
     ITEM<T, AccumT<T>, I>(p, t, i);                                                  \
   }
 #define RECOPS_HSTU_ENTRIES_FOR(T, I)                                           \

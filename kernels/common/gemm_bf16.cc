@@ -224,6 +224,7 @@ struct AmxTiles {
     asm volatile("" ::: "memory");
     _tile_loadconfig(&config);
   }
+  static void Release() { _tile_release(); }
   template <int t>
   static void Load(const void* p, int64_t stride) {
     asm volatile("" ::: "memory");
@@ -341,6 +342,7 @@ struct EmulatedTiles {
     if (!s.valid) Fault("a configuration LDTILECFG rejects");
     std::memset(s.tile, 0, sizeof(s.tile));
   }
+  static void Release() { S().valid = false; }  // back to the initial state: unconfigured
   template <int t>
   static void Load(const void* p, int64_t stride) {
     State& s = S();
@@ -559,6 +561,13 @@ void Bf16ClearOperands() {
   EmulatedTiles::Configured() = false;
 }
 
+void Bf16ReleaseTiles() {
+  if (AmxTiles::Configured()) AmxTiles::Release();  // only after this thread's tile GEMMs ran
+  if (EmulatedTiles::Configured()) EmulatedTiles::Release();
+  AmxTiles::Configured() = false;
+  EmulatedTiles::Configured() = false;
+}
+
 template <bool kOverwrite, bool kTransA>
 void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
               int64_t ldb, float* C, int64_t ldc) {
@@ -585,6 +594,7 @@ RECOPS_GEMM_BF16_DEFINE_(true, true)
 // Without GCC on x86-64 there is no bfloat16 path (Bf16DotPath is false): the plain GEMM.
 void Bf16RegisterOperand(const float*, int64_t, int64_t) {}
 void Bf16ClearOperands() {}
+void Bf16ReleaseTiles() {}
 template <bool kOverwrite, bool kTransA>
 void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
               int64_t ldb, float* C, int64_t ldc) {

@@ -257,7 +257,8 @@ RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kAvx512)
 // On the AMX path (AmxPath()) the whole 16 x 16 blocks of C over whole 16-pair steps of k run on
 // AMX tiles (tdpbf16ps, the same exact products summed in float); the thread's tiles are
 // configured by its first GEMM after Bf16ClearOperands(), which a caller therefore calls at the
-// start of each work item (other code on the thread may configure them between items).
+// start of each work item (other code on the thread may configure them between items), and
+// released by Bf16ReleaseTiles() at its end: a Bf16Item does both.
 //
 // A caller that multiplies the same packed buffer in many GEMMs (a work item's tiles) registers
 // it once, Bf16RegisterOperand(base, rows, ld): rows x ld floats at base, not to be written
@@ -267,6 +268,26 @@ RECOPS_GEMM_VARIANTS(RECOPS_GEMM_DECLARE_, Isa::kAvx512)
 // operands per call took ~30% of the time).
 void Bf16RegisterOperand(const float* base, int64_t rows, int64_t ld);
 void Bf16ClearOperands();
+// Releases this thread's AMX tiles if its GEMMs configured them (TILERELEASE: the tile state
+// returns to its initial state, which context switches need not save); nothing otherwise.
+void Bf16ReleaseTiles();
+
+// A work item's use of GemmBf16 (when `active`): the registered operands cleared at its start,
+// the AMX tiles released at its end.
+class Bf16Item {
+ public:
+  explicit Bf16Item(bool active) : active_(active) {
+    if (active_) Bf16ClearOperands();
+  }
+  ~Bf16Item() {
+    if (active_) Bf16ReleaseTiles();
+  }
+  Bf16Item(const Bf16Item&) = delete;
+  Bf16Item& operator=(const Bf16Item&) = delete;
+
+ private:
+  bool active_;
+};
 template <bool kOverwrite = false, bool kTransA = false>
 void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
               int64_t ldb, float* C, int64_t ldc);

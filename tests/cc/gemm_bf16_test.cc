@@ -3,11 +3,12 @@
 // (computed in double) up to float rounding of a K-term sum, columns and rows outside C's
 // block untouched, for plain and transposed A, overwrite and accumulate, shapes reaching every
 // register block and tail (odd K, N not a multiple of 16, M not a multiple of 8); operands
-// from registered buffers as from per-call packs (CheckRegistered). All of it three ways: in
-// vectors alone, with the whole 16 x 16 blocks on emulated AMX tiles (EmulatedTiles: the tile
-// code checked on any CPU with AVX512-BF16; a fault of the emulation aborts) and, where the CPU has
-// AMX-BF16 and the OS grants its state, on the CPU's tiles. Exits 77 (a skip,
-// tests/test_cc_units.py) on a CPU without AVX512-BF16.
+// from registered buffers as from per-call packs (CheckRegistered; the tiles released between
+// its rounds, as at a work item's end). All of it three ways: in vectors alone; with the whole
+// 16 x 16 blocks on emulated AMX tiles (EmulatedTiles: the tile code checked on any CPU with
+// AVX512-BF16; a fault of the emulation aborts); and, where the CPU has AMX-BF16 and the OS
+// grants its state, on the CPU's tiles. Exits 77 (a skip, tests/test_cc_units.py) on a CPU
+// without AVX512-BF16.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -82,6 +83,9 @@ void CheckRegistered(std::mt19937_64& rng, const char* how) {
   const int64_t ld = 64, rows = 128;
   std::vector<float> abuf(rows * ld), bbuf(rows * ld), c(64 * 80), want(64 * 80);
   for (int round = 0; round < 10; ++round) {  // more than the 8 slots kept: each reused
+    // As at a work item's end: the tiles released (the emulation then faults on a tile
+    // instruction before the next configuration).
+    recops::Bf16ReleaseTiles();
     for (float& v : abuf) v = Bf16Value(rng);
     for (float& v : bbuf) v = Bf16Value(rng);
     if (round < 9) {
