@@ -525,12 +525,19 @@ RECOPS_INLINE V RoundVecTo(V x) {
   }
 }
 
-// The first n (< the vector's lanes) values of v to p; nothing past them is written.
+// The first n (< the vector's lanes) values of v to p; nothing past them is written. One masked
+// store for AVX-512 vectors (a memcpy of n floats was a library call, around which the scoring
+// loop spilled and reloaded its ~20 vector registers on every row of a diagonal tile).
 template <typename V>
 RECOPS_INLINE void StoreVecHead(float* p, const V& v, int64_t n) {
-  float lanes[sizeof(V) / sizeof(float)];
-  StoreVec(lanes, v);
-  std::memcpy(p, lanes, n * sizeof(float));
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if constexpr (sizeof(V) == 64) {
+    typedef float V16 __attribute__((vector_size(64)));
+    __builtin_ia32_storeups512_mask(p, (V16)v, static_cast<uint16_t>((1u << n) - 1));
+    return;
+  }
+#endif
+  for (int64_t l = 0; l < n; ++l) p[l] = v[l];
 }
 
 // sigmoid(z) of a float vector: 1 / (1 + exp(-z)), the one form of every float sigmoid here.
