@@ -66,6 +66,11 @@ struct PathChoice {
   bool emulated_tiles;
 };
 
+// Run once (ChosenPath), so kept out of line: inlined, its body (the names, the syscall) was
+// copied into every hot function that asks for the path.
+#if defined(__GNUC__)
+__attribute__((noinline, cold))
+#endif
 inline PathChoice ChoosePath() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   __builtin_cpu_init();
