@@ -38,6 +38,9 @@ out = {}
 for dtype in (tf.float32, tf.bfloat16, tf.float64):
     t = lambda name, *s: tf.constant(draw(name, *s), dtype)
     q = tf.RaggedTensor.from_row_lengths(t("q", 150, 2, 16), [70, 0, 80])
+    # Head dimension 32: Q·Kᵀ and dO·Vᵀ then have 16 pairs of k, which the AMX tiles take; a
+    # sequence of 140 has whole 64-row tiles off the diagonal (32 x 32 tile blocks).
+    q32 = tf.RaggedTensor.from_row_lengths(t("q32", 150, 2, 32), [140, 10])
     ts = tf.RaggedTensor.from_row_lengths(tf.constant(np.arange(150) * 7, tf.int64), [70, 0, 80])
     x, u, w = t("x", 96, 40), t("u", 96, 40), t("w", 24, 40)
     tw, pw = t("tw", 16), t("pw", 2 * 80 - 1)
@@ -46,6 +49,7 @@ for dtype in (tf.float32, tf.bfloat16, tf.float64):
                                             time_bias_weights=tw,
                                             position_bias_weights=pw).flat_values,
         "fuxi": lambda q: rt.hstu_attention_fuxi(q, q, q, max_seq_len=80).flat_values,
+        "hstu_d32": lambda q: rt.hstu_attention(q, q, q, max_seq_len=140).flat_values,
         "ln_mul": lambda x: ln_mul(x, u, tf.ones([40], dtype), tf.zeros([40], dtype)),
         "norm_multiply_dropout": lambda x: norm_multiply_dropout(
             x, u, tf.ones([40], dtype), tf.zeros([40], dtype), dropout_rate=0.2, seed=[3, 4]),
@@ -59,11 +63,12 @@ for dtype in (tf.float32, tf.bfloat16, tf.float64):
         "token_mixing": lambda x: rt.token_mixing(tf.reshape(x[:, :32], [12, 16, 16]),
                                                   tf.ones([16], dtype), tf.zeros([16], dtype)),
     }
+    ragged = {"hstu": q, "fuxi": q, "hstu_d32": q32}
     for name, fn in fns.items():
-        arg = q.flat_values if name in ("hstu", "fuxi") else x
+        arg = ragged[name].flat_values if name in ragged else x
         with tf.GradientTape() as tape:
             tape.watch(arg)
-            y = fn(q if name in ("hstu", "fuxi") else x)
+            y = fn(ragged.get(name, x))
             loss = tf.reduce_sum(tf.cast(y, tf.float64) ** 2)
         g = tape.gradient(loss, arg)
         g = tf.convert_to_tensor(g)
