@@ -228,15 +228,24 @@ def _first_all_to_all(group, out_dir):
 
     from recops_tf import distributed as dist
 
-    open(os.path.join(out_dir, f"ready{group.rank}"), "w").close()
-    deadline = time.time() + 120
-    while time.time() < deadline and not all(
-            os.path.exists(os.path.join(out_dir, f"ready{r}")) for r in range(group.world_size)):
-        time.sleep(0.05)
+    _file_barrier(out_dir, "ready", group.rank, group.world_size)
     counts = np.ones(group.world_size, np.int64)
     x = tf.ones([group.world_size, 2])
     dist.all_to_all(x, counts)
+    # A rank's all_to_all returns once it has its own chunks, while a peer may still be fetching
+    # this rank's (a peer pulls them from this process): a rank that dies or stalls right away
+    # broke the first exchange itself on a loaded machine. Everyone finishes it first.
+    _file_barrier(out_dir, "first", group.rank, group.world_size)
     return x, counts
+
+
+def _file_barrier(out_dir, name, rank, world):
+    """Waits (up to 120 s) until every rank has reached this point: a file per rank in out_dir."""
+    open(os.path.join(out_dir, f"{name}{rank}"), "w").close()
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(
+            os.path.exists(os.path.join(out_dir, f"{name}{r}")) for r in range(world)):
+        time.sleep(0.05)
 
 
 def _save_failed_collective(group, out_dir, x, counts):
@@ -383,6 +392,9 @@ def main(argv):
     else:
         group = dist.connect([f"127.0.0.1:{p}" for p in ports], rank, timeout=timeout)
     SCENARIOS[scenario](group, out_dir)
+    if scenario not in ("dead_worker", "silent_worker"):
+        # No rank exits while a peer may still be fetching its last collective's chunks.
+        _file_barrier(out_dir, "exit", rank, len(ports))
     print(json.dumps({"rank": rank, "scenario": scenario, "done": True}), flush=True)
     # The results are saved: skip the interpreter's teardown, which can crash inside
     # TensorFlow after a collective was aborted (a dead or silent peer).
