@@ -172,6 +172,41 @@ __attribute__((target("avx512f,avx512cd,avx512dq,avx512vl,avx512bw"))) inline vo
 }
 #endif
 
+// The position bias (relative_attn_bias_pos): rows of the [S2, S2] matrices per work item of
+// the op and of its gradient. A fixed count, so that every sum of the gradient has one order
+// whatever the thread count.
+constexpr int64_t kPosBiasRows = 16;
+
+// The row of rel_pos_bias that row i of a sequence with `len` cached positions reads: rows
+// past the cached length reuse the row of the last valid position.
+RECOPS_INLINE int64_t PosBiasRow(int64_t i, int64_t len) { return i < len ? i : len; }
+
+// One row of the position bias: out[j] = (1 - e[j]) * p[j] + e[j] * p00 for j < n (e a row of
+// the identity, p the row of rel_pos_bias it reads).
+template <typename T, typename Acc>
+RECOPS_INLINE void PosBiasRowValues(const T* __restrict e, const T* __restrict p, Acc p00,
+                                    int64_t n, T* __restrict out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const Acc ej = ToAcc<T, Acc>(e[j]);
+    out[j] = FromAcc<T, Acc>((Acc(1) - ej) * ToAcc<T, Acc>(p[j]) + ej * p00);
+  }
+}
+
+// One row g of the position bias's upstream gradient into the gradient's sums, j < n:
+// dp[j] += g[j] (1 - e[j]) (rel_pos_bias's row p), di[j] += g[j] (p00 - p[j]) (the identity's
+// row e), corner[j] += g[j] e[j] (what rel_pos_bias[0, 0] receives through the identity).
+template <typename T, typename Acc>
+RECOPS_INLINE void PosBiasGradRow(const T* __restrict g, const T* __restrict e,
+                                  const T* __restrict p, Acc p00, int64_t n, Acc* __restrict dp,
+                                  Acc* __restrict di, Acc* __restrict corner) {
+  for (int64_t j = 0; j < n; ++j) {
+    const Acc gj = ToAcc<T, Acc>(g[j]), ej = ToAcc<T, Acc>(e[j]);
+    dp[j] += gj * (Acc(1) - ej);
+    di[j] += gj * (p00 - ToAcc<T, Acc>(p[j]));
+    corner[j] += gj * ej;
+  }
+}
+
 }  // namespace recops
 
 #endif  // RECOPS_KERNELS_RELATIVE_ATTN_BIAS_H_

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -242,31 +243,47 @@ class RelativeAttnBiasPosOp : public OpKernel {
     T* o = out->flat<T>().data();
     const Acc p00 = ToAcc<T, Acc>(p[0]);
     const bool stream = out->TotalBytes() >= static_cast<size_t>(kStreamingOutputBytes);
-    // Row i of every sequence, one after the other: identity row i and the rows of P they
-    // read stay in cache across the batch (the output is written once, streamed when large).
-    ParallelFor(ctx, n, batch * 3 * n * sizeof(T), [&](int64_t i0, int64_t i1) {
-      std::vector<T> row(n);
-      for (int64_t i = i0; i < i1; ++i) {
-        const T* irow = id + i * n;
-        for (int64_t b = 0; b < batch; ++b) {
-          const T* prow = p + (i < lens[b] ? i : lens[b]) * n;
-          for (int64_t j = 0; j < n; ++j) {
-            const Acc e = ToAcc<T, Acc>(irow[j]);
-            row[j] = FromAcc<T, Acc>((Acc(1) - e) * ToAcc<T, Acc>(prow[j]) + e * p00);
+    // Blocks of kPosBiasRows rows i. The rows below a sequence's cached length are the same in
+    // every sequence: they are formed once per block, and each sequence's rows of the block,
+    // contiguous in the output, are then written in turn (streamed when the output is large).
+    const int64_t blocks = (n + kPosBiasRows - 1) / kPosBiasRows;
+    ParallelFor(
+        ctx, blocks, (batch + 2) * kPosBiasRows * n * sizeof(T), [&](int64_t k0, int64_t k1) {
+          std::vector<T> rows(kPosBiasRows * n), clamped(n);
+          for (int64_t k = k0; k < k1; ++k) {
+            const int64_t i0 = k * kPosBiasRows, i1 = std::min(n, i0 + kPosBiasRows);
+            for (int64_t i = i0; i < i1; ++i)
+              PosBiasRowValues<T, Acc>(id + i * n, p + i * n, p00, n, rows.data() + (i - i0) * n);
+            for (int64_t b = 0; b < batch; ++b) {
+              char* dst = reinterpret_cast<char*>(o + (b * n + i0) * n);
+              const int64_t own = std::clamp(lens[b], i0, i1) - i0;  // the block's rows below len
+              CopyRun(dst, reinterpret_cast<const char*>(rows.data()), own * n * sizeof(T), stream);
+              for (int64_t i = i0 + own; i < i1; ++i) {
+                PosBiasRowValues<T, Acc>(id + i * n, p + PosBiasRow(i, lens[b]) * n, p00, n,
+                                         clamped.data());
+                CopyRun(dst + (i - i0) * n * sizeof(T),
+                        reinterpret_cast<const char*>(clamped.data()), n * sizeof(T), stream);
+              }
+            }
           }
-          CopyRun(reinterpret_cast<char*>(o + (b * n + i) * n),
-                  reinterpret_cast<const char*>(row.data()), n * sizeof(T), stream);
-        }
-      }
-      if (stream) StreamFence();
-    });
+          if (stream) StreamFence();
+        });
   }
 };
 
-// The gradient of RelativeAttnBiasPos in one pass over grad. Each work item owns a block of
-// kColumns columns of both outputs (no two items write one element) and walks every (b, i) in
-// order: the sums, and the corner sum (added to d_rel_pos_bias[0, 0] block by block in column
-// order), have a fixed order whatever the thread count.
+// The gradient of RelativeAttnBiasPos in one pass over grad, in memory order. Work items are
+// blocks of kPosBiasRows rows i; an item reads its rows of every sequence in turn (b, then i:
+// contiguous) and owns
+//  - rows [i0, i1) of d_identity (sums over b, in b order);
+//  - rows [i0, i1) of d_rel_pos_bias, which sum the rows (b, i) that read them (PosBiasRow),
+//    except the clamped rows of later blocks;
+//  - one partial row per distinct cached length L < i0: the block's clamped rows (i >= L) of
+//    the sequences of length L, which read row L of rel_pos_bias. Once every item has run, row
+//    L adds the partial rows of the blocks after its own, in block order;
+//  - its share of the corner sum (what rel_pos_bias[0, 0] receives through the identity), per
+//    column; added up in block then column order at the end.
+// The blocks have a fixed size, so every sum has one order whatever the thread count. The
+// partial rows are at most one per block and sequence: 1/kPosBiasRows of grad's elements.
 template <typename T, typename Tidx>
 class RelativeAttnBiasPosBackwardOp : public OpKernel {
  public:
@@ -274,7 +291,6 @@ class RelativeAttnBiasPosBackwardOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     using Acc = AccumT<T>;
-    constexpr int64_t kColumns = 64;
     const Tensor& grad = ctx->input(0);
     const Tensor& pos = ctx->input(1);
     const Tensor& identity = ctx->input(2);
@@ -297,45 +313,62 @@ class RelativeAttnBiasPosBackwardOp : public OpKernel {
     T* dp = d_pos->flat<T>().data();
     T* di = d_id->flat<T>().data();
     const Acc p00 = ToAcc<T, Acc>(p[0]);
-    const int64_t blocks = (n + kColumns - 1) / kColumns;
-    std::vector<Acc> corner(blocks, Acc(0));
-    Acc p00_sum = 0;  // d_rel_pos_bias[0, 0] before the corner sum (block 0 writes it)
-    ParallelFor(ctx, blocks, (batch + 2) * n * kColumns * 8, [&](int64_t k0, int64_t k1) {
-      std::vector<Acc> acc_p(n * kColumns), acc_i(n * kColumns), e(kColumns);
-      for (int64_t k = k0; k < k1; ++k) {
-        const int64_t j0 = k * kColumns, w = std::min(kColumns, n - j0);
-        std::fill(acc_p.begin(), acc_p.end(), Acc(0));
-        std::fill(acc_i.begin(), acc_i.end(), Acc(0));
-        Acc c = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = 0; j < w; ++j) e[j] = ToAcc<T, Acc>(id[i * n + j0 + j]);
-          Acc* ai = acc_i.data() + i * kColumns;
-          for (int64_t b = 0; b < batch; ++b) {
-            const int64_t r = i < lens[b] ? i : lens[b];
-            const T* grow = g + (b * n + i) * n + j0;
-            const T* prow = p + r * n + j0;
-            Acc* ap = acc_p.data() + r * kColumns;
-            for (int64_t j = 0; j < w; ++j) {
-              const Acc gv = ToAcc<T, Acc>(grow[j]);
-              ap[j] += gv * (Acc(1) - e[j]);
-              ai[j] += gv * (p00 - ToAcc<T, Acc>(prow[j]));
-              c += gv * e[j];
-            }
+    const int64_t blocks = (n + kPosBiasRows - 1) / kPosBiasRows;
+    // below[x]: how many distinct cached lengths below x clamp rows (a length of n clamps
+    // none). Length L's partial row is number below[L] of each block after L's.
+    std::vector<int64_t> below(n + 1, 0), first(blocks + 1, 0);
+    {
+      std::vector<char> is_len(n, 0);
+      for (int64_t len : lens) {
+        if (len < n) is_len[len] = 1;
+      }
+      for (int64_t x = 0; x < n; ++x) below[x + 1] = below[x] + is_len[x];
+      for (int64_t k = 0; k < blocks; ++k) first[k + 1] = first[k] + below[k * kPosBiasRows];
+    }
+    // The d_rel_pos_bias sums (in the output itself when it is of Acc), partial rows, corners.
+    std::vector<Acc> sums_buffer(std::is_same_v<T, Acc> ? 0 : n * n);
+    Acc* sums = std::is_same_v<T, Acc> ? reinterpret_cast<Acc*>(dp) : sums_buffer.data();
+    std::vector<Acc> partial(first[blocks] * n), corner(blocks * n);
+    ParallelFor(ctx, blocks, (batch + 2) * kPosBiasRows * n * sizeof(T),
+                [&](int64_t k0, int64_t k1) {
+                  std::vector<Acc> di_sums(kPosBiasRows * n);
+                  for (int64_t k = k0; k < k1; ++k) {
+                    const int64_t i0 = k * kPosBiasRows, i1 = std::min(n, i0 + kPosBiasRows);
+                    Acc* part = partial.data() + first[k] * n;
+                    Acc* cor = corner.data() + k * n;
+                    std::fill(sums + i0 * n, sums + i1 * n, Acc(0));
+                    std::fill(di_sums.begin(), di_sums.end(), Acc(0));
+                    for (int64_t b = 0; b < batch; ++b) {
+                      for (int64_t i = i0; i < i1; ++i) {
+                        const int64_t r = PosBiasRow(i, lens[b]);
+                        Acc* dst = r >= i0 ? sums + r * n : part + below[r] * n;
+                        PosBiasGradRow<T, Acc>(g + (b * n + i) * n, id + i * n, p + r * n, p00, n,
+                                               dst, di_sums.data() + (i - i0) * n, cor);
+                      }
+                    }
+                    for (int64_t x = 0; x < (i1 - i0) * n; ++x)
+                      di[i0 * n + x] = FromAcc<T, Acc>(di_sums[x]);
+                  }
+                });
+    // Each row of d_rel_pos_bias adds its partial rows in block order, then is rounded once.
+    ParallelFor(ctx, n, (blocks + 2) * n * sizeof(Acc), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        Acc* row = sums + r * n;
+        if (below[r + 1] > below[r]) {
+          for (int64_t k = r / kPosBiasRows + 1; k < blocks; ++k) {
+            const Acc* part = partial.data() + (first[k] + below[r]) * n;
+            for (int64_t j = 0; j < n; ++j) row[j] += part[j];
           }
         }
-        for (int64_t r = 0; r < n; ++r) {
-          for (int64_t j = 0; j < w; ++j) {
-            dp[r * n + j0 + j] = FromAcc<T, Acc>(acc_p[r * kColumns + j]);
-            di[r * n + j0 + j] = FromAcc<T, Acc>(acc_i[r * kColumns + j]);
-          }
+        if constexpr (!std::is_same_v<T, Acc>) {
+          for (int64_t j = 0; j < n; ++j) dp[r * n + j] = FromAcc<T, Acc>(row[j]);
         }
-        corner[k] = c;
-        if (k == 0) p00_sum = acc_p[0];
       }
     });
-    // d_rel_pos_bias[0, 0] gets the corner sum, in block order, before its one rounding.
-    Acc total = p00_sum;
-    for (int64_t k = 0; k < blocks; ++k) total += corner[k];
+    // d_rel_pos_bias[0, 0] gets the corner sum, in block then column order, before its one
+    // rounding.
+    Acc total = sums[0];
+    for (int64_t x = 0; x < blocks * n; ++x) total += corner[x];
     dp[0] = FromAcc<T, Acc>(total);
   }
 };

@@ -172,6 +172,23 @@ def assert_second_order_raises(fn, args, wrt=0):
         outer.gradient(g, x)
 
 
+def outputs_at_thread_counts(script, counts=(1, 2)):
+    """The standard output of `script` (Python source) run in a fresh process per intra-op
+    thread count in `counts`, for tests that a kernel's sums have one order whatever the thread
+    count (the script writes its outputs' bytes). A prologue imports `sys` and `tensorflow as
+    tf` and sets the count before anything runs."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    prologue = ("import sys\nimport tensorflow as tf\n"
+                "tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))\n")
+    return [subprocess.run([sys.executable, "-c", prologue + script, str(threads)], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+            for threads in counts]
+
+
 MODES = ("eager", "function")
 
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 import recops_tf
 from recops_tf.reference import gather_for_rank1 as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_gradients_match_reference,
-                               assert_matches_reference, assert_numeric_gradient, in_mode)
+                               assert_matches_reference, assert_numeric_gradient, in_mode,
+                               outputs_at_thread_counts)
 from recops_tf.testing.inputs import random_values
 
 INDEX_DTYPES = (tf.int32, tf.int64)
@@ -78,10 +79,7 @@ def test_backward_sums_in_ascending_index_order():
 
 
 _DETERMINISM_SCRIPT = """
-import sys
 import numpy as np
-import tensorflow as tf
-tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 import recops_tf
 rng = np.random.default_rng(0)
 n, k = 1000, 400_000  # several chunks
@@ -93,14 +91,7 @@ sys.stdout.write(out.tobytes().hex())
 
 
 def test_backward_is_bitwise_identical_across_thread_counts():
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    outs = [subprocess.run([sys.executable, "-c", _DETERMINISM_SCRIPT, str(threads)], env=env,
-                           capture_output=True, text=True, timeout=120, check=True).stdout
-            for threads in (1, 2)]
+    outs = outputs_at_thread_counts(_DETERMINISM_SCRIPT)
     assert outs[0] and outs[0] == outs[1]
 
 

@@ -6,7 +6,8 @@ import tensorflow as tf
 import recops_tf
 from recops_tf.reference import relative_attn_bias as ref
 from recops_tf.testing import (FLOAT_DTYPES, MODES, assert_close, assert_gradients_match_reference,
-                               assert_matches_reference, assert_numeric_gradient, in_mode)
+                               assert_matches_reference, assert_numeric_gradient, in_mode,
+                               outputs_at_thread_counts)
 from recops_tf.testing.inputs import random_values
 
 INDEX_DTYPES = (tf.int32, tf.int64)
@@ -129,8 +130,9 @@ def test_pos_bias_matches_reference(dtype, index_dtype, mode):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_pos_bias_gradient_over_several_column_blocks(dtype):
-    """The fused backward (RelativeAttnBiasPosBackward) owns 64-column blocks: S2 = 140 is three
-    blocks, the last partial; lengths below, at and past S2's rows collapse rows onto one."""
+    """The fused backward (RelativeAttnBiasPosBackward) owns blocks of 16 rows: S2 = 140 is nine
+    blocks, the last partial. Lengths 0, 1, 70 and 139 clamp rows onto a row of an earlier
+    block (whose sums add the later blocks' partial rows); 140 clamps none."""
     p = random_values([140, 140], dtype, 4)
     ident = tf.cast(tf.eye(140), dtype)
     args = [p, ident, tf.constant([0, 1, 70, 139, 140], tf.int64)]
@@ -161,6 +163,27 @@ def test_pos_bias_gradient_is_deterministic_and_second_order_raises():
         g = inner.gradient(y, p)
     with pytest.raises(NotImplementedError, match="second-order"):
         outer.gradient(g, p)
+
+
+_POS_DETERMINISM_SCRIPT = """
+import numpy as np
+import recops_tf
+rng = np.random.default_rng(0)
+n, batch = 200, 24  # 13 row blocks; repeated lengths share partial rows
+p = tf.constant(rng.standard_normal([n, n]), tf.float32)
+ident = tf.constant(rng.uniform(0, 1, [n, n]) < 0.1, tf.float32)
+grad = tf.constant(rng.standard_normal([batch, n, n]) * 10.0 ** rng.integers(-3, 4, [batch, n, 1]),
+                   tf.float32)
+lens = tf.constant(rng.integers(0, 8, batch) * 25, tf.int64)
+lib = recops_tf.ops._common.lib()
+for out in lib.recops_relative_attn_bias_pos_backward(grad, p, ident, lens):
+    sys.stdout.write(out.numpy().tobytes().hex())
+"""
+
+
+def test_pos_bias_gradient_is_bitwise_identical_across_thread_counts():
+    outs = outputs_at_thread_counts(_POS_DETERMINISM_SCRIPT)
+    assert outs[0] and outs[0] == outs[1]
 
 
 def test_pos_bias_blends_a_non_binary_identity():
