@@ -74,9 +74,17 @@ class MultisliceConcatOp : public OpKernel {
     }
     const char* in = input.tensor_data().data();
     const int64_t in_stride = cols * elem;
+    // The slices take the row's bytes out of order; each row's lines are prefetched a few rows
+    // ahead (on a Zen 4, B=65536 x 512 floats to 8 outputs: 18-20 ms a call against 22-25 ms
+    // without, alternating by process; the copies had waited on their loads).
+    constexpr int64_t kAheadRows = 4;
     ParallelFor(ctx, rows, total_width * elem + 16 * slices.size(), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const char* row = in + r * in_stride;
+        if (r + kAheadRows < r1) {
+          for (int64_t b = 0; b < in_stride; b += 64)
+            __builtin_prefetch(row + kAheadRows * in_stride + b);
+        }
         for (const Move& m : moves) {
           CopyBytes(m.dst + r * m.dst_stride, row + m.src_offset, m.bytes);
         }
