@@ -171,6 +171,7 @@ def run(stems=None, size="full", warmup=2, reps=10, json_path=None, progress=Tru
             bar.update(i + 1)
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "cpu": cpu_model(), "cpus": os.cpu_count(),
                     "tensorflow": tf.__version__,
                     "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()},
         "size": size, "dtype": dtype, "warmup": warmup, "reps": reps, "loop": loop,
@@ -180,6 +181,26 @@ def run(stems=None, size="full", warmup=2, reps=10, json_path=None, progress=Tru
         with open(json_path, "w") as f:
             json.dump(report, f, indent=1)
     return report
+
+
+def cpu_model():
+    """The CPU's model name (Linux: /proc/cpuinfo; elsewhere platform.processor()) and the
+    instruction-set extensions the kernels choose between (avx2, avx512f, avx512_bf16,
+    amx_bf16) that it has."""
+    name, flags = platform.processor() or "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    isa = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags]
+    return f"{name} ({', '.join(isa)})" if isa else name
 
 
 def format_table(report):
@@ -211,7 +232,9 @@ def markdown_table(report):
              f"{c['copy_threaded_GBps']:.1f} GB/s all cores; matmul "
              f"{c['matmul_GFLOPs']:.0f} GFLOP/s float32, "
              f"{c.get('matmul_bf16_GFLOPs', float('nan')):.0f} GFLOP/s bfloat16. "
-             f"TensorFlow {report['machine']['tensorflow']}, "
+             + (f"CPU: {report['machine']['cpu']}, {report['machine']['cpus']} cores. "
+                if report["machine"].get("cpu") else "")
+             + f"TensorFlow {report['machine']['tensorflow']}, "
              f"size {report['size']}, median of {report['reps']}"
              + (f", stateful steps in graph loops of {report['loop']}" if report.get("loop")
                 else "") + ".",

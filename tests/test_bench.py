@@ -112,6 +112,7 @@ def test_report_chart_and_readme_table(tmp_path, capsys):
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     assert lines[0].startswith("| stem | case | mode")
     assert {line.split(" | ")[0][2:] for line in lines[1:]} == {"reverse_sequence", "ln_mul"}
+    assert f"CPU: {bench.cpu_model()}, " in table  # the machine the figures belong to
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = readme.read_text()
     assert "old table" not in text and table in text
