@@ -227,9 +227,11 @@ struct HstuTensors {
   T* dk = nullptr;
   T* dv = nullptr;
   T* dbias = nullptr;
-  // Fuxi backward: Acc planes [2, B, max_q, max_k] accumulating the timestamp-bias gradient
-  // and the per-sequence position-bias gradient (void: HstuTensors is typed by T only).
-  void* fuxi_grad_acc = nullptr;
+  // Fuxi backward: Acc planes [B, max_q, max_k] accumulating the timestamp-bias gradient and
+  // the per-sequence position-bias gradient, zero on entry (void: HstuTensors is typed by T
+  // only).
+  void* fuxi_ts_grad = nullptr;
+  void* fuxi_pos_grad = nullptr;
   // Relative bias: int64 timestamps per key row, weights [NB] and [2 * max_k - 1], and the
   // backward's Acc histograms [batch, heads_k, rel_hist_size()].
   const int64_t* timestamps = nullptr;
@@ -1126,8 +1128,8 @@ RECOPS_INLINE void FuxiBackwardTile(const HstuProblem& p, const HstuTensors<T>& 
                                     int64_t nk, const Acc* dout_t, const Acc* dout_p, const Acc* vt,
                                     HstuWorkspace<Acc>& w, Acc* dv) {
   const int64_t plane = p.max_q * p.max_k;
-  Acc* d_ts = static_cast<Acc*>(t.fuxi_grad_acc) + b * plane;
-  Acc* d_pos = d_ts + p.batch * plane;
+  Acc* d_ts = static_cast<Acc*>(t.fuxi_ts_grad) + b * plane;
+  Acc* d_pos = static_cast<Acc*>(t.fuxi_pos_grad) + b * plane;
   const Acc* dos[2] = {dout_t, dout_p};
   const T* biases[2] = {t.ts_bias + b * plane, t.pos_bias};
   Acc* grads[2] = {d_ts, d_pos};
