@@ -81,10 +81,7 @@ class MultisliceConcatOp : public OpKernel {
     ParallelFor(ctx, rows, total_width * elem + 16 * slices.size(), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const char* row = in + r * in_stride;
-        if (r + kAheadRows < r1) {
-          for (int64_t b = 0; b < in_stride; b += 64)
-            __builtin_prefetch(row + kAheadRows * in_stride + b);
-        }
+        if (r + kAheadRows < r1) PrefetchBytes(row + kAheadRows * in_stride, in_stride, false);
         for (const Move& m : moves) {
           CopyBytes(m.dst + r * m.dst_stride, row + m.src_offset, m.bytes);
         }

@@ -55,10 +55,7 @@ class ReverseSequenceOp : public OpKernel {
     };
     ParallelFor(ctx, batch * steps, row_bytes + 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        if (r + kAheadRows < r1) {
-          const char* next = source(r + kAheadRows);
-          for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(next + c);
-        }
+        if (r + kAheadRows < r1) PrefetchBytes(source(r + kAheadRows), row_bytes, false);
         CopyRun(out + r * row_bytes, source(r), row_bytes, stream);
       }
       if (stream) StreamFence();

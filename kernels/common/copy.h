@@ -65,6 +65,18 @@ inline void StreamFence() {
 #endif
 }
 
+// Prefetches the cache lines of [p, p + bytes) (for writing when `write`).
+inline void PrefetchBytes(const void* p, int64_t bytes, bool write) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) {
+    if (write) {
+      __builtin_prefetch(c + i, 1, 3);
+    } else {
+      __builtin_prefetch(c + i, 0, 3);
+    }
+  }
+}
+
 }  // namespace recops
 
 #endif  // RECOPS_KERNELS_COMMON_COPY_H_

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/common/copy.h"  // PrefetchBytes
 #include "kernels/embedding_by_address.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/platform/refcount.h"
@@ -42,18 +43,6 @@ void ForEachDistinctRowSum(
     int64_t dim, int64_t cost_per_row,
     const std::function<void(int64_t row, const float* sum, int64_t count)>& fn,
     const std::function<void(int64_t row)>& prefetch = nullptr);
-
-// Prefetches the cache lines of [p, p + bytes) (for writing when `write`).
-inline void PrefetchBytes(const void* p, int64_t bytes, bool write) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < bytes; i += 64) {
-    if (write) {
-      __builtin_prefetch(c + i, 1, 3);
-    } else {
-      __builtin_prefetch(c + i, 0, 3);
-    }
-  }
-}
 
 // The float32 resource variables of an optimizer op (inputs 0..count-1), locked exclusively
 // (in address order, so ops locking the same variables cannot deadlock) for the lifetime of
