@@ -2,6 +2,9 @@
 // run-time choice of the work items' instruction set.
 #include "kernels/hstu_dense.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "kernels/common/dispatch.h"
 
 namespace recops {
@@ -69,6 +72,41 @@ std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p) {
   std::stable_sort(items.begin(), items.end(),
                    [](const HstuItem& a, const HstuItem& b) { return a.cost > b.cost; });
   return items;
+}
+
+std::vector<int64_t> HstuGroupBySequence(const HstuProblem& p, bool kv_side, int64_t threads,
+                                         std::vector<HstuItem>* items) {
+  const int64_t* off = kv_side ? p.off_k : p.off_q;
+  std::vector<int64_t> first(p.batch, -1), count(p.batch, 0);
+  int64_t sequences = 0;
+  for (size_t i = 0; i < items->size(); ++i) {
+    const HstuItem& item = (*items)[i];
+    if (item.row0 != 0 || item.row1 != off[item.b + 1] - off[item.b]) return {};
+    if (first[item.b] < 0) {
+      first[item.b] = static_cast<int64_t>(i);
+      ++sequences;
+    }
+    ++count[item.b];
+  }
+  if (sequences < 4 * std::max<int64_t>(threads, 1)) return {};
+  // Sequences in the order of their first (most expensive) item.
+  std::vector<int64_t> order;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    if (first[b] >= 0) order.push_back(b);
+  }
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return first[a] < first[b]; });
+  std::vector<int64_t> start(p.batch), starts;
+  int64_t n = 0;
+  for (int64_t b : order) {
+    start[b] = n;
+    starts.push_back(n);
+    n += count[b];
+  }
+  starts.push_back(n);
+  std::vector<HstuItem> grouped(items->size());
+  for (const HstuItem& item : *items) grouped[start[item.b]++] = item;
+  *items = std::move(grouped);
+  return starts;
 }
 
 // The work items for baseline x86-64 (and any other CPU); AVX2 and AVX-512 in

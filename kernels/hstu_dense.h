@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/common/copy.h"
 #include "kernels/common/dispatch.h"
 #include "kernels/common/dtypes.h"
 #include "kernels/common/microkernels.h"
@@ -248,6 +249,30 @@ struct HstuTensors {
   int64_t page_size = 0;
 };
 
+// Streams sequence b's key, value and query rows (every head: contiguous runs) into this
+// thread's caches before its items read them head by head, and with `out` its output rows for
+// writing (the forward). Only when they total at most kPrefetchSequenceBytes, about an L2
+// cache: a longer sequence's first rows would be evicted before they are read. At B=32,
+// L<=256 on a Zen 4 this and HstuGroupBySequence made the forward ~5% faster (forward+backward
+// ~5-6%), alternating call by call; at L<=1024, where most sequences are over the limit, the
+// grouping alone made the forward ~4% faster.
+constexpr int64_t kPrefetchSequenceBytes = int64_t{1} << 20;
+template <typename T>
+void HstuPrefetchSequence(const HstuProblem& p, const HstuTensors<T>& t, int64_t b, bool out) {
+  const int64_t ok = p.off_k[b], lk = p.off_k[b + 1] - ok;
+  const int64_t oq = p.off_q[b], lq = p.off_q[b + 1] - oq;
+  const int64_t channels = p.fuxi_bias ? 3 : 1;
+  const int64_t k_bytes = lk * p.heads_k * p.dim_qk * sizeof(T);
+  const int64_t v_bytes = lk * p.heads_k * p.dim_v * sizeof(T);
+  const int64_t q_bytes = lq * p.heads_q * p.dim_qk * sizeof(T);
+  const int64_t out_bytes = out ? lq * channels * p.heads_q * p.dim_v * sizeof(T) : 0;
+  if (k_bytes + v_bytes + q_bytes + out_bytes > kPrefetchSequenceBytes) return;
+  PrefetchBytes(t.k + ok * p.heads_k * p.dim_qk, k_bytes, /*write=*/false);
+  PrefetchBytes(t.v + ok * p.heads_k * p.dim_v, v_bytes, /*write=*/false);
+  PrefetchBytes(t.q + oq * p.heads_q * p.dim_qk, q_bytes, /*write=*/false);
+  if (out) PrefetchBytes(t.out + oq * channels * p.heads_q * p.dim_v, out_bytes, /*write=*/true);
+}
+
 // A work item: rows [row0, row1) of the q side (forward, dQ; h a query head) or of the k side
 // (dK, dV; h a kv head) of sequence b; row0 is a multiple of kTile.
 struct HstuItem {
@@ -263,6 +288,17 @@ std::vector<HstuItem> HstuWorkItems(const HstuProblem& p, bool kv_side, int64_t 
 
 // One item per (sequence, kv head) with a non-empty sequence, most expensive first.
 std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p);
+
+// Many short sequences: when every item of `items` (HstuWorkItems or HstuSequenceItems: rows of
+// the q side, or with kv_side of the k side) is a whole (sequence, head) and there are at least
+// 4 sequences per thread, reorders `items` so that each
+// sequence's heads are consecutive (sequences still most expensive first) and returns where
+// each sequence's run starts (and, last, items->size()); otherwise leaves `items` as they are
+// and returns nothing. One thread then runs a sequence's heads in turn after streaming its rows
+// into its caches (HstuPrefetchSequence): a head reads 256 B of every row, a pattern the hardware
+// prefetcher follows poorly, while a sequence's rows are contiguous.
+std::vector<int64_t> HstuGroupBySequence(const HstuProblem& p, bool kv_side, int64_t threads,
+                                         std::vector<HstuItem>* items);
 
 constexpr int64_t kTile = 64;
 static_assert(kTileQ == kTile && kTileK == kTile, "query and key tiles share one layout");

@@ -2,6 +2,7 @@
 // (validation in kernels/hstu_dense_kernels.h; the work items, compiled per instruction set, in
 // kernels/hstu_dense_<isa>.cc).
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,23 @@
 #include "tensorflow/core/framework/tensor.h"
 
 namespace recops {
+
+// run(item) for every item (most expensive first) on the intra-op pool. Where
+// HstuGroupBySequence groups them (many short sequences), a sequence's items run in turn on one
+// thread, after HstuPrefetchSequence (the output rows too with `out`: the forward).
+template <typename T, typename Run>
+void RunItems(OpKernelContext* ctx, const HstuProblem& p, const HstuTensors<T>& t,
+              std::vector<HstuItem> items, bool kv_side, bool out, const Run& run) {
+  const std::vector<int64_t> starts = HstuGroupBySequence(p, kv_side, NumThreads(ctx), &items);
+  if (starts.empty()) {
+    ParallelForDynamic(ctx, items.size(), [&](int64_t i) { run(items[i]); });
+    return;
+  }
+  ParallelForDynamic(ctx, static_cast<int64_t>(starts.size()) - 1, [&](int64_t g) {
+    HstuPrefetchSequence(p, t, items[starts[g]].b, out);
+    for (int64_t i = starts[g]; i < starts[g + 1]; ++i) run(items[i]);
+  });
+}
 
 // The tiled forward over validated inputs: q, k, v, the custom mask and the bias.
 template <typename T>
@@ -30,9 +48,9 @@ void RunForward(OpKernelContext* ctx, const HstuProblem& p, const Tensor& q, con
   t.mask = mask && mask->NumElements() ? mask->flat<T>().data() : nullptr;
   t.bias = bias && bias->NumElements() ? bias->flat<T>().data() : nullptr;
   t.out = out->flat<T>().data();
-  const std::vector<HstuItem> items = HstuWorkItems(p, /*kv_side=*/false, NumThreads(ctx));
   const auto forward = HstuBestEntries<T>().forward;
-  ParallelForDynamic(ctx, items.size(), [&](int64_t i) { forward(p, t, items[i]); });
+  RunItems(ctx, p, t, HstuWorkItems(p, /*kv_side=*/false, NumThreads(ctx)), /*kv_side=*/false,
+           /*out=*/true, [&](const HstuItem& item) { forward(p, t, item); });
 }
 
 // The backward over validated inputs (t filled, dq / dk / dv allocated; the bias gradient
@@ -46,7 +64,7 @@ void RunBackward(OpKernelContext* ctx, const HstuProblem& p, const HstuTensors<T
   // One pass per (sequence, kv head) when those items alone keep the threads busy;
   // otherwise (few, long sequences) two passes over 64-row blocks. Same bits either way.
   // The relative bias's gradient histograms are per (sequence, kv head): one pass only.
-  const std::vector<HstuItem> seq_items = HstuSequenceItems(p);
+  std::vector<HstuItem> seq_items = HstuSequenceItems(p);
   if (p.rel_bias() || static_cast<int64_t>(seq_items.size()) >= 4 * NumThreads(ctx)) {
     for (int64_t b = 0; b < p.batch; ++b) {
       if (p.off_q[b + 1] > p.off_q[b] && p.off_k[b + 1] > p.off_k[b]) continue;
@@ -57,8 +75,8 @@ void RunBackward(OpKernelContext* ctx, const HstuProblem& p, const HstuTensors<T
       zero_rows(t.dk, p.off_k[b], p.off_k[b + 1], p.heads_k * p.dim_qk);
       zero_rows(t.dv, p.off_k[b], p.off_k[b + 1], p.heads_k * p.dim_v);
     }
-    ParallelForDynamic(ctx, seq_items.size(),
-                       [&](int64_t i) { entries.backward_seq(p, t, seq_items[i]); });
+    RunItems(ctx, p, t, std::move(seq_items), /*kv_side=*/true, /*out=*/false,
+             [&](const HstuItem& item) { entries.backward_seq(p, t, item); });
     return;
   }
   const std::vector<HstuItem> kv_items = HstuWorkItems(p, /*kv_side=*/true, NumThreads(ctx));

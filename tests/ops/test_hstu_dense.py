@@ -658,6 +658,28 @@ def test_backward_paths_agree_bit_for_bit(with_bias):
         np.testing.assert_array_equal(grads[2][7:9].numpy(), np.zeros([2, 4, 6], np.float32))
 
 
+# Many short sequences (at least 4 per thread) run as one item per sequence, its heads in turn
+# after its rows are prefetched (HstuGroupBySequence); a sequence alone runs head by head.
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_sequences_grouped_agree_with_sequences_alone_bit_for_bit(dtype):
+    lens = [17, 0, 64, 3, 70, 1, 40, 9, 33, 5, 64, 2, 28, 11, 50, 7, 1, 66, 12, 30, 4, 45, 8, 20]
+    q, k, v, oq, _ = make(dtype, nq=4, nk=2, lens_q=lens, seed=5)
+    upstream = random_values([sum(lens), 4, 6], dtype, 98)
+    batch = _grads(q, k, v, oq, oq, None, upstream)
+    out = fused_fn(oq, oq)(q, k, v)
+    start = 0
+    for n in lens:
+        rows = slice(start, start + n)
+        alone = _grads(q[rows], k[rows], v[rows], offsets([n]), offsets([n]), None,
+                       upstream[rows])
+        np.testing.assert_array_equal(
+            out[rows].numpy(), fused_fn(offsets([n]), offsets([n]))(q[rows], k[rows], v[rows]))
+        for got, want in zip(batch, alone):
+            np.testing.assert_array_equal(got[rows].numpy(), want.numpy())
+        start += n
+    assert_matches_reference(fused_fn(oq, oq), ref_fn(oq, oq), [q, k, v], dtype)
+
+
 # ---- fused relative attention bias (time buckets + relative positions) -------------------
 
 NUM_BUCKETS = 23
