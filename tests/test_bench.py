@@ -162,3 +162,33 @@ def test_paged_read_floor_tool_compiles_and_runs_a_tiny_step(tmp_path):
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
+
+
+def test_hstu_forward_floor_tool_compiles_and_runs_a_tiny_forward(tmp_path):
+    # tools/hstu_forward_floor.cc: the short-sequence floor docs/benchmarks.md compares the HSTU
+    # forward to. It compiles against the kernels' headers with TensorFlow's flags.
+    import tensorflow as tf
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    flags = []
+    for flag in tf.sysconfig.get_compile_flags():
+        flags += ["-isystem", flag[2:]] if flag.startswith("-I") else [flag]
+    binary = str(tmp_path / "floor")
+    subprocess.run(["g++", "-O2", "-pthread", "-Wall", "-Wextra", "-Wno-psabi", "-Werror",
+                    f"-I{root}", *flags, os.path.join(root, "tools", "hstu_forward_floor.cc"),
+                    os.path.join(root, "kernels", "common", "gemm.cc"), "-o", binary,
+                    *tf.sysconfig.get_link_flags(), "-Wl,-rpath," + tf.sysconfig.get_lib()],
+                   check=True, capture_output=True, text=True)
+    out = subprocess.run([binary, "6", "100", "2", "24", "3", "50"], check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert re.match(r"B=6 L<=100 H=2 D=24 float32, \S.*, \d+ threads?: \d+ rows, ", out)
+    assert "ceiling: 50.0 GFLOP/s (given)" in out
+    timed = re.findall(r"^(peak|items|tiles|tile GEMMs only)\b.*median +([\d.]+) ms +([\d.]+) "
+                       r"GFLOP/s +([\d.]+)% of the ceiling$", out, re.M)
+    assert [t[0] for t in timed] == ["peak", "items", "tiles", "tile GEMMs only"]
+    assert all(float(ms) > 0 and float(rate) > 0 for _, ms, rate, _ in timed)
+    # Each stage does less than the one before it, so it cannot take much longer.
+    items, tiles, gemms = (float(t[1]) for t in timed[1:])
+    assert gemms < 2 * tiles and tiles < 2 * items
+    bad = subprocess.run([binary, "6", "100", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
