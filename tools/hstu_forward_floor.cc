@@ -259,7 +259,10 @@ int main(int argc, char** argv) {
   int64_t* fields[] = {&s.batch, &s.max_len, &s.heads, &s.dim, &s.reps, &s.ceiling};
   for (int a = 1; a < argc && a <= 6; ++a) *fields[a - 1] = std::atoll(argv[a]);
   if (s.batch < 1 || s.max_len < 1 || s.heads < 1 || s.dim < 1 || s.reps < 1 || s.ceiling < 0) {
-    std::fprintf(stderr, "usage: %s [B MAX_LEN H D REPS CEILING], all positive but CEILING (GFLOP/s, 0: the peak stage)\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s [B MAX_LEN H D REPS CEILING], all positive but CEILING (GFLOP/s, 0: "
+                 "the peak stage)\n",
+                 argv[0]);
     return 2;
   }
   void (*work)(Floor&, Stage) = WorkBase;
@@ -294,11 +297,12 @@ int main(int argc, char** argv) {
   }
   const double peak = f.PeakTiles() * f.PeakTileFlops() / Median(t[0]) / 1e9;
   const double ceiling = s.ceiling > 0 ? static_cast<double>(s.ceiling) : peak;
-  std::printf("B=%lld L<=%lld H=%lld D=%lld float32, %s, %d threads: %lld rows, %.1f MFLOP "
-              "(causal)\n",
-              static_cast<long long>(s.batch), static_cast<long long>(s.max_len),
-              static_cast<long long>(s.heads), static_cast<long long>(s.dim), isa, threads,
-              static_cast<long long>(f.offsets.back()), f.flops / 1e6);
+  std::printf(
+      "B=%lld L<=%lld H=%lld D=%lld float32, %s, %d threads: %lld rows, %.1f MFLOP "
+      "(causal)\n",
+      static_cast<long long>(s.batch), static_cast<long long>(s.max_len),
+      static_cast<long long>(s.heads), static_cast<long long>(s.dim), isa, threads,
+      static_cast<long long>(f.offsets.back()), f.flops / 1e6);
   std::printf("ceiling: %.1f GFLOP/s (%s)\n", ceiling, s.ceiling > 0 ? "given" : "the peak stage");
   for (int i = 0; i < 4; ++i) {
     const double med = Median(t[i]);
@@ -306,7 +310,6 @@ int main(int argc, char** argv) {
     std::printf("%-28s median %7.3f ms  %7.1f GFLOP/s  %5.1f%% of the ceiling\n", stages[i].name,
                 med * 1e3, rate, 100 * rate / ceiling);
   }
-  std::printf("60%% of the ceiling: %.3f ms per forward\n",
-              f.flops / (0.6 * ceiling * 1e9) * 1e3);
+  std::printf("60%% of the ceiling: %.3f ms per forward\n", f.flops / (0.6 * ceiling * 1e9) * 1e3);
   return f.sink.load() == 12345.0f ? 1 : 0;  // keeps the sums live
 }
