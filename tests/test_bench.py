@@ -3,6 +3,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 from recops_tf import _ops_table, bench, cli
 
@@ -192,3 +193,25 @@ def test_hstu_forward_floor_tool_compiles_and_runs_a_tiny_forward(tmp_path):
     assert gemms < 2 * tiles and tiles < 2 * items
     bad = subprocess.run([binary, "6", "100", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_bench_bf16_tool_per_call_and_per_loop_step():
+    # tools/bench_bf16.py: float32 and bfloat16 HSTU against the matmul ceilings, per
+    # tf.function call or, with --loop, per step of a graph loop.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tool = os.path.join(root, "tools", "bench_bf16.py")
+    tiny = ["--batch", "3", "--max-len", "8", "--heads", "1", "--dim", "8", "--reps", "1",
+            "--warmup", "1", "--matmul-n", "64"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    for extra, header in (([], "per tf.function call"),
+                          (["--loop", "2"], "per step in graph loops of 2")):
+        out = subprocess.run([sys.executable, tool, *tiny, *extra], check=True, env=env,
+                             capture_output=True, text=True, timeout=300).stdout
+        assert header in out.splitlines()[0]
+        rows = re.findall(r"^\[best\] (forward|forward\+backward) +float32 +([\d.]+) ms .* "
+                          r"bfloat16 +([\d.]+) ms", out, re.M)
+        assert [r[0] for r in rows] == ["forward", "forward+backward"]
+        assert all(float(a) > 0 and float(b) > 0 for _, a, b in rows)
+    bad = subprocess.run([sys.executable, tool, "--loop", "-1"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert bad.returncode == 2 and "--loop must be >= 0" in bad.stderr
