@@ -291,12 +291,12 @@ std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p);
 
 // Many short sequences: when every item of `items` (HstuWorkItems or HstuSequenceItems: rows of
 // the q side, or with kv_side of the k side) is a whole (sequence, head) and there are at least
-// 4 sequences per thread, reorders `items` so that each
-// sequence's heads are consecutive (sequences still most expensive first) and returns where
-// each sequence's run starts (and, last, items->size()); otherwise leaves `items` as they are
-// and returns nothing. One thread then runs a sequence's heads in turn after streaming its rows
-// into its caches (HstuPrefetchSequence): a head reads 256 B of every row, a pattern the hardware
-// prefetcher follows poorly, while a sequence's rows are contiguous.
+// 4 sequences per thread, reorders `items` so that each sequence's heads are consecutive
+// (sequences still most expensive first) and returns where each sequence's run starts (and,
+// last, items->size()); otherwise leaves `items` as they are and returns nothing. One thread
+// then runs a sequence's heads in turn after streaming its rows into its caches
+// (HstuPrefetchSequence): a head reads 256 B of every row, a pattern the hardware prefetcher
+// follows poorly, while a sequence's rows are contiguous.
 std::vector<int64_t> HstuGroupBySequence(const HstuProblem& p, bool kv_side, int64_t threads,
                                          std::vector<HstuItem>* items);
 
