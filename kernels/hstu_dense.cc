@@ -3,7 +3,6 @@
 #include "kernels/hstu_dense.h"
 
 #include <algorithm>
-#include <utility>
 
 #include "kernels/common/dispatch.h"
 
@@ -77,7 +76,7 @@ std::vector<HstuItem> HstuSequenceItems(const HstuProblem& p) {
 std::vector<int64_t> HstuGroupBySequence(const HstuProblem& p, bool kv_side, int64_t threads,
                                          std::vector<HstuItem>* items) {
   const int64_t* off = kv_side ? p.off_k : p.off_q;
-  std::vector<int64_t> first(p.batch, -1), count(p.batch, 0);
+  std::vector<int64_t> first(p.batch, -1);
   int64_t sequences = 0;
   for (size_t i = 0; i < items->size(); ++i) {
     const HstuItem& item = (*items)[i];
@@ -86,26 +85,16 @@ std::vector<int64_t> HstuGroupBySequence(const HstuProblem& p, bool kv_side, int
       first[item.b] = static_cast<int64_t>(i);
       ++sequences;
     }
-    ++count[item.b];
   }
   if (sequences < 4 * std::max<int64_t>(threads, 1)) return {};
-  // Sequences in the order of their first (most expensive) item.
-  std::vector<int64_t> order;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    if (first[b] >= 0) order.push_back(b);
+  // Sequences in the order of their first (most expensive) item; a sequence's items keep theirs.
+  std::stable_sort(items->begin(), items->end(),
+                   [&](const HstuItem& a, const HstuItem& b) { return first[a.b] < first[b.b]; });
+  std::vector<int64_t> starts;
+  for (size_t i = 0; i < items->size(); ++i) {
+    if (i == 0 || (*items)[i].b != (*items)[i - 1].b) starts.push_back(static_cast<int64_t>(i));
   }
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return first[a] < first[b]; });
-  std::vector<int64_t> start(p.batch), starts;
-  int64_t n = 0;
-  for (int64_t b : order) {
-    start[b] = n;
-    starts.push_back(n);
-    n += count[b];
-  }
-  starts.push_back(n);
-  std::vector<HstuItem> grouped(items->size());
-  for (const HstuItem& item : *items) grouped[start[item.b]++] = item;
-  *items = std::move(grouped);
+  starts.push_back(static_cast<int64_t>(items->size()));
   return starts;
 }
 
