@@ -1,7 +1,7 @@
 """Every instruction-set path of the kernels on one machine: RECOPS_ISA forces a path (a lower
-one, or AMX tiles, which run only when named; kernels/common/dispatch.h) in a child process, and
-each path's outputs and gradients must match the float64 reference and the other paths. A path this
-CPU lacks is skipped, naming the missing features."""
+one, or AMX tiles, the default where the CPU has them; kernels/common/dispatch.h) in a child
+process, and each path's outputs and gradients must match the float64 reference and the other
+paths. A path this CPU lacks is skipped, naming the missing features."""
 import json
 import os
 import subprocess

@@ -6,7 +6,7 @@ ceilings measured in the same process. With --paths, each instruction-set path t
 (RECOPS_ISA, kernels/common/dispatch.h) runs in a child process of its own and the table has a
 row per path: the bfloat16 path's gain over bfloat16 computed in float FMAs is then the
 `avx512bf16` row against the `avx512` one, and on a CPU with AMX-BF16 the tiles' gain the `amx`
-row against the `avx512bf16` one (`amx` runs only when named).
+row against the `avx512bf16` one (`amx` is the default path where the CPU and OS allow it).
 
     python tools/bench_bf16.py                      # this CPU's best path
     python tools/bench_bf16.py --paths avx512bf16 avx512 --rounds 3

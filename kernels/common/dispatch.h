@@ -51,14 +51,15 @@ inline bool RequestAmxState() {
 #endif
 }
 
-// The path this process takes (and whether its AMX tiles are emulated): the best vector path
-// of this CPU (AVX-512 needs F, BW, DQ, VL and CD; its bfloat16 path AVX512-BF16 as well), or
-// another one named by the environment variable RECOPS_ISA ("amx", "avx512bf16", "avx512",
-// "avx2" or "baseline"; read once, at the first kernel that dispatches), so that one machine
-// runs and cross-checks every path it has. A path the CPU lacks, or an unknown name, is not
-// taken: the best path runs. "amx" is taken only when named (on a CPU with AMX-BF16 whose OS
-// grants the tile state), not by default: it has not yet been measured against "avx512bf16" on
-// an AMX machine (docs/benchmarks.md). "amx_emulated" runs the AMX path's code on tiles
+// The path this process takes (and whether its AMX tiles are emulated): the best path of this
+// CPU (AVX-512 needs F, BW, DQ, VL and CD; its bfloat16 path AVX512-BF16 as well; above it AMX
+// where the CPU has AMX-BF16 and the OS grants the tile state), or another one named by the
+// environment variable RECOPS_ISA ("amx", "avx512bf16", "avx512", "avx2" or "baseline"; read
+// once, at the first kernel that dispatches), so that one machine runs and cross-checks every
+// path it has. A path the CPU lacks, or an unknown name, is not taken: the best path runs. AMX
+// is the default since it was measured on an AMX machine (a Xeon with AMX-BF16, bfloat16 HSTU
+// attention 1.8-1.9x the avx512bf16 path, forward and backward; docs/benchmarks.md);
+// RECOPS_ISA=avx512bf16 keeps the vector path. "amx_emulated" runs the AMX path's code on tiles
 // emulated in software (gemm_bf16.cc; slow: for tests, on any CPU with AVX512-BF16). The choice
 // is printed once to stderr when RECOPS_ISA is set.
 struct PathChoice {
@@ -84,9 +85,12 @@ inline PathChoice ChoosePath() {
   }
   static const char* const kNames[] = {"baseline",   "avx2", "avx512",
                                        "avx512bf16", "amx",  "amx_emulated"};
+  // AMX tiles: the CPU has them and the OS grants their state (asked once, here).
+  const bool amx = cpu == IsaPath::kAvx512Bf16 && CpuHasAmxBf16() && RequestAmxState();
+  const IsaPath best = amx ? IsaPath::kAmx : cpu;
   const char* wanted = std::getenv("RECOPS_ISA");
-  if (wanted == nullptr || *wanted == '\0') return {cpu, false};
-  PathChoice chosen = {cpu, false};
+  if (wanted == nullptr || *wanted == '\0') return {best, false};
+  PathChoice chosen = {best, false};
   const char* why = "unknown name: the CPU's best path runs";
   const char* const lacks = "this CPU lacks it: the CPU's best path runs";
   for (int i = 0; i < 6; ++i) {
@@ -101,7 +105,7 @@ inline PathChoice ChoosePath() {
     } else if (static_cast<IsaPath>(i) == IsaPath::kAmx) {
       if (cpu != IsaPath::kAvx512Bf16 || !CpuHasAmxBf16()) {
         why = lacks;
-      } else if (!RequestAmxState()) {
+      } else if (!amx) {
         why = "the OS did not grant the AMX tile state (arch_prctl): the CPU's best path runs";
       } else {
         chosen = {IsaPath::kAmx, false};
@@ -114,7 +118,7 @@ inline PathChoice ChoosePath() {
   }
   std::fprintf(stderr, "recops_tf: RECOPS_ISA=%s: %s path (CPU best: %s)%s%s\n", wanted,
                chosen.emulated_tiles ? kNames[5] : kNames[static_cast<int>(chosen.path)],
-               kNames[static_cast<int>(cpu)], *why ? "; " : "", why);
+               kNames[static_cast<int>(best)], *why ? "; " : "", why);
   return chosen;
 #else
   return {IsaPath::kBase, false};
