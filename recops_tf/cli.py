@@ -105,7 +105,8 @@ def preset_defaults():
 # when not given), "off" (a --no-X store_true switching the field off) and "on" (a store_true
 # switching it on).
 CONFIG_OPTIONS = {
-    "preset": ("preset", "value"), "d_model": ("d_model", "value"),
+    "preset": ("preset", "value"), "encoder": ("encoder", "value"),
+    "d_model": ("d_model", "value"),
     "blocks": ("num_blocks", "value"), "heads": ("num_heads", "value"),
     "head_dim": ("head_dim", "value"), "max_seq_len": ("max_seq_len", "value"),
     "dropout": ("dropout_rate", "value"), "temperature": ("temperature", "value"),
@@ -119,6 +120,7 @@ CONFIG_OPTIONS = {
     "validation_metric": ("validation_metric", "value"), "exclude_seen": ("exclude_seen", "on"),
     "bucket_by_length": ("bucket_by_length", "on"), "seed": ("seed", "value"),
     "max_steps": ("max_steps", "value"), "checkpoint_every": ("checkpoint_every", "value"),
+    "eval_every": ("eval_every", "value"), "min_steps": ("min_steps", "value"),
 }
 
 
@@ -131,11 +133,14 @@ def config_default_text(field, kind="value"):
     presets that differ, e.g. ``default: 2; --preset hstu-large: 8``. An on/off field that a
     --no-X flag switches off is named: ``default: relative_bias on; --preset sasrec: off``."""
     presets = preset_defaults()
-    value = presets[_module("training")["Config"]["preset"]][field]
+    default = _module("training")["Config"]["preset"]
+    value = presets[default][field]
+    fitted = default == "auto" and field in _module("profile")["FITTED"]
     others = [f"--preset {name}: {_shown(v[field])}" for name, v in presets.items()
-              if v[field] != value]
+              if (fitted and name != default) or (not fitted and v[field] != value)]
     named = f"{field} " if kind == "off" else ""
-    return "; ".join([f"default: {named}{_shown(value)}"] + others)
+    shown = "fitted to the data" if fitted else f"{named}{_shown(value)}"
+    return "; ".join([f"default: {shown}"] + others)
 
 
 def _add_defaults(parser):
@@ -222,6 +227,8 @@ def _load_data(args):
 
 
 def _config(args):
+    """The Config the flags ask for, and the names of the fields they set (besides the
+    preset)."""
     from recops_tf import recommender as rec
 
     overrides = {}
@@ -232,7 +239,31 @@ def _config(args):
         elif kind == "on":
             value = True if value else None
         overrides[field] = value
-    return rec.Config.from_preset(overrides.pop("preset"), **overrides).check()
+    given = {field for field, value in overrides.items() if value is not None} - {"preset"}
+    return rec.Config.from_preset(overrides.pop("preset"), **overrides).check(), given
+
+
+def _fitted_config(args, dataset):
+    """`_config` with, under ``--preset auto``, the settings the flags leave open fitted to
+    `dataset` (recommender/profile.py); prints the data profile and each choice with its reason.
+    Returns (config, the run.json record of the profile and the choices)."""
+    from recops_tf.recommender import profile as prof
+
+    config, given = _config(args)
+    if config.preset != "auto":
+        return config, {}
+    found = prof.profile(dataset)
+    print("data profile:")
+    for line in found.lines():
+        print(f"  {line}")
+    config, reasons = prof.fit(found, config, given)
+    config = config.check()
+    print("settings fitted to the data (--preset auto; each flag overrides its own):")
+    for field, reason in reasons.items():
+        print(f"  {field} = {getattr(config, field)}: {reason}")
+    return config, {"profile": dataclasses.asdict(found),
+                    "fitted": {f: {"value": getattr(config, f), "reason": r}
+                               for f, r in reasons.items()}}
 
 
 def _train(args, argv):
@@ -252,12 +283,13 @@ def _train(args, argv):
         args.out = args.resume = run_dir
     try:
         dataset = _load_data(args)
-        config = _config(args)
+        _config(args)  # flags checked before the data is profiled
+        lengths = [len(h) for h in dataset.items]
+        print(f"data: {dataset.source}: {dataset.num_users} users, {dataset.num_items} items, "
+              f"{sum(lengths)} interactions (history length {min(lengths)}-{max(lengths)})")
+        config, fitted = _fitted_config(args, dataset)
     except (rec.DataError, ValueError) as e:
         raise UsageError(e) from None
-    lengths = [len(h) for h in dataset.items]
-    print(f"data: {dataset.source}: {dataset.num_users} users, {dataset.num_items} items, "
-          f"{sum(lengths)} interactions (history length {min(lengths)}-{max(lengths)})")
     kind = "fused ops" if config.use_fused else "stock TF (--no-fused)"
     if config.precision != "f32":
         kind += f", {config.precision} (mixed precision)"
@@ -275,8 +307,8 @@ def _train(args, argv):
         checkpoint_dir = os.path.join(args.out, "checkpoints")
         if not resume:
             with open(os.path.join(args.out, "run.json"), "w") as f:
-                json.dump({"argv": [a for a in argv if a not in ("--no-progress", "--verbose")]},
-                          f, indent=1)
+                json.dump({"argv": [a for a in argv if a not in ("--no-progress", "--verbose")],
+                           "config": dataclasses.asdict(config), **fitted}, f, indent=1)
     try:
         result = rec.train(dataset, config, checkpoint_dir=checkpoint_dir, resume=resume,
                            logdir=args.logdir, progress=not args.no_progress)
@@ -285,8 +317,8 @@ def _train(args, argv):
     seconds = result.train_seconds
     print(f"trained {result.steps} steps ({result.epochs} epochs) in {seconds:.1f} s "
           f"({result.steps / max(seconds, 1e-9):.2f} steps/s), loss {result.first_loss:.3f} -> "
-          f"{result.last_loss:.3f}; best validation {config.validation_metric} at epoch "
-          f"{result.best_epoch}")
+          f"{result.last_loss:.3f}; best validation {config.validation_metric} at step "
+          f"{result.best_step} (epoch {result.best_epoch})")
     seen = {True: "seen items excluded (--exclude-seen)", False: "seen items kept"}
     for exclude, model_m, base in ((config.exclude_seen, result.test, result.baselines),
                                    (not config.exclude_seen, result.test_other,
@@ -301,9 +333,10 @@ def _train(args, argv):
                "test_other_protocol": result.test_other, "baselines": result.baselines,
                "baselines_other_protocol": result.baselines_other,
                "train_seconds": seconds, "steps": result.steps, "epochs": result.epochs,
-               "best_epoch": result.best_epoch, "first_loss": result.first_loss,
+               "best_epoch": result.best_epoch, "best_step": result.best_step,
+               "first_loss": result.first_loss,
                "last_loss": result.last_loss, "validation": result.validation,
-               "config": dataclasses.asdict(config), "data": dataset.source}
+               "config": dataclasses.asdict(config), "data": dataset.source, **fitted}
     if args.out:
         path = rec.export(result.model, dataset, args.out, metrics)
         print(f"exported: {path} (SavedModel), {os.path.join(args.out, 'model.keras')}")
@@ -441,8 +474,12 @@ def _parser():
     model = train.add_argument_group("model (defaults from --preset)")
     model.add_argument("--preset", choices=tuple(training["PRESETS"]),
                        default=training["Config"]["preset"],
-                       help="the recipe: the HSTU paper's 2-block model, its 8-block model, or "
-                       "SASRec from stock Keras layers")
+                       help="the recipe: auto (the HSTU paper's 2-block model with its loss, "
+                       "history, batch and schedule fitted to the data, each choice printed "
+                       "with its reason), or exactly the paper's recipe: its 2-block model, "
+                       "its 8-block model, or SASRec from stock Keras layers")
+    model.add_argument("--encoder", choices=_module("model")["ENCODERS"],
+                       help="the sequence encoder (e.g. sasrec under the fitted settings)")
     model.add_argument("--d-model", type=int, help="item embedding width")
     model.add_argument("--blocks", type=int, help="encoder blocks")
     model.add_argument("--heads", type=int, help="attention heads per block")
@@ -472,11 +509,15 @@ def _parser():
                        help="bf16: Keras' mixed_bfloat16 policy (the encoder and its kernels "
                        "in bfloat16, variables and the retrieval head in float32)")
     fit = train.add_argument_group("training")
-    fit.add_argument("--epochs", type=int, help="at most this many epochs")
+    fit.add_argument("--epochs", type=int, help="at most this many epochs, 0: no bound "
+                     "(--max-steps bounds)")
     fit.add_argument("--batch-size", type=int, help="histories per step")
     fit.add_argument("--learning-rate", type=float, help="of the Adam / LazyAdam optimizer")
-    fit.add_argument("--patience", type=int, help="stop after N epochs without a better "
+    fit.add_argument("--patience", type=int, help="stop after N validations without a better "
                      "validation metric, 0: never")
+    fit.add_argument("--eval-every", type=int, help="validate every N steps, 0: at the end of "
+                     "every epoch")
+    fit.add_argument("--min-steps", type=int, help="no early stop before N steps")
     fit.add_argument("--validation-metric", help="early-stopping metric: hr@K or ndcg@K (K in "
                      f"{', '.join(str(k) for k in _module('evaluation')['KS'])}) or mrr")
     fit.add_argument("--exclude-seen", action="store_true", help="rank only items the user "

@@ -83,16 +83,20 @@ def test_shown_defaults_are_the_configs():
     assert defaults["min_interactions"] == inspect.signature(
         rec.load).parameters["min_interactions"].default
     help_text = {a.dest: a.help for a in train._actions}
-    assert f"(default: {rec.Config().epochs})" in help_text["epochs"]
+    # Under the default preset (auto) a fitted field's default is the data's, each preset's
+    # value named beside it; a field not fitted shows its value.
+    assert "default: fitted to the data; --preset hstu: 100;" in help_text["epochs"]
+    assert f"(default: {rec.Config().learning_rate})" in help_text["learning_rate"]
     assert "--preset sasrec: off" in help_text["no_relative_bias"]
 
 
 def test_flags_override_the_preset():
     def config(*argv):
-        return cli._config(cli._parser().parse_args(["train", *argv]))
+        return cli._config(cli._parser().parse_args(["train", *argv]))[0]
 
-    assert config() == rec.Config.from_preset("hstu")
-    assert config("--no-seen-bias") == rec.Config.from_preset("hstu", seen_bias=False)
+    assert config() == rec.Config.from_preset("auto")
+    assert config("--no-seen-bias") == rec.Config.from_preset("auto", seen_bias=False)
+    assert config("--preset", "hstu") == rec.Config.from_preset("hstu")
     assert config("--preset", "sasrec", "--seen-bias") == rec.Config.from_preset("sasrec")
     got = config("--preset", "sasrec", "--blocks", "3", "--no-l2-norm", "--exclude-seen",
                  "--no-fused", "--seed", "4")

@@ -20,10 +20,12 @@ from recops_tf.recommender.model import (ENCODERS, LOSSES, GenerativeRecommender
 
 @dataclasses.dataclass
 class Config:
-    """Every knob of a run; ``Config.from_preset(name, **overrides)`` gives the paper's recipes."""
-    preset: str = "hstu"
+    """Every knob of a run; ``Config.from_preset(name, **overrides)`` gives the paper's recipes
+    (``"auto"``: HSTU with the settings ``profile.fit`` fits to the data, ``train``'s
+    default)."""
+    preset: str = "auto"
     encoder: str = "hstu"
-    epochs: int = 100
+    epochs: int = 100  # at most this many epochs (0: no bound in epochs, max_steps bounds)
     batch_size: int = 128
     learning_rate: float = 1e-3
     d_model: int = 50
@@ -42,7 +44,9 @@ class Config:
     use_fused: bool = True
     precision: str = "f32"  # or "bf16": Keras' mixed_bfloat16 (bf16 compute, f32 variables)
     seed: int = 0
-    patience: int = 10  # epochs without a better validation metric before stopping (0: never)
+    patience: int = 10  # validations without a better metric before stopping (0: never)
+    eval_every: int = 0  # validate every this many steps (0: at the end of every epoch)
+    min_steps: int = 0  # no early stop before this many steps
     validation_metric: str = "ndcg@10"
     exclude_seen: bool = False
     bucket_by_length: bool = False
@@ -62,10 +66,16 @@ class Config:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
-        for name in ("epochs", "batch_size", "d_model", "num_blocks", "num_heads", "head_dim",
+        for name in ("batch_size", "d_model", "num_blocks", "num_heads", "head_dim",
                      "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("epochs", "patience", "eval_every", "min_steps", "max_steps",
+                     "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
+        if self.epochs == 0 and self.max_steps == 0:
+            raise ValueError("epochs 0 (no bound in epochs) needs max_steps > 0")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got "
                              f"{self.precision!r}")
@@ -91,6 +101,10 @@ class Config:
 # MovieLens it is what lifts HR@10 from the Markov chain's level, docs/reproduce_hstu.md);
 # ``seen_bias=False`` (``--no-seen-bias``) gives the paper's exact recipe.
 PRESETS = {
+    # The default: the HSTU preset's model, its loss, history, batch and schedule fitted to the
+    # data by profile.fit (each choice printed with its reason; a flag given overrides it).
+    "auto": dict(encoder="hstu", num_blocks=2, num_heads=1, head_dim=50, relative_bias=True,
+                 seen_bias=True),
     "hstu": dict(encoder="hstu", num_blocks=2, num_heads=1, head_dim=50, relative_bias=True,
                  seen_bias=True),
     "hstu-large": dict(encoder="hstu", num_blocks=8, num_heads=2, head_dim=25,
@@ -244,9 +258,10 @@ class Result:
     test_other: dict  # ... under the other protocol
     baselines: dict  # {"popularity": ..., "markov": ...} under config.exclude_seen
     baselines_other: dict
-    validation: list  # per epoch: {"epoch", "step", metric: value, ...}
-    best_epoch: int
-    epochs: int  # epochs run (counting resumed ones)
+    validation: list  # per validation: {"epoch", "step", metric: value, ...}
+    best_epoch: int  # the epoch under way at the best validation
+    best_step: int
+    epochs: int  # epochs begun (counting resumed ones)
     steps: int
     train_seconds: float
     first_loss: float
@@ -273,7 +288,8 @@ class _State(tf.Module):
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.best = tf.Variable(-1.0, dtype=tf.float64, trainable=False)
         self.best_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
-        self.bad_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.best_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.bad_validations = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.first_loss = tf.Variable(float("nan"), dtype=tf.float64, trainable=False)
         self.last_loss = tf.Variable(float("nan"), dtype=tf.float64, trainable=False)
@@ -351,18 +367,49 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
 
     writer = tf.summary.create_file_writer(logdir) if logdir else None
     history = json.loads(state.history.numpy().decode())
-    total_steps = config.epochs * steps_per_epoch
-    if config.max_steps > 0:
-        total_steps = min(total_steps, config.max_steps)
+    total_steps = config.max_steps if config.max_steps > 0 else math.inf
+    if config.epochs > 0:
+        total_steps = min(total_steps, config.epochs * steps_per_epoch)
+    val_name = f"valid {config.validation_metric}"
+
+    def validate(epoch):
+        """Validates at the current step (`epoch`: the 1-based epoch under way); returns the
+        metric and whether patience has run out."""
+        metrics = evaluate(model, split, "valid", config.exclude_seen)
+        value, steps = metrics[config.validation_metric], int(state.steps)
+        history.append(dict(epoch=epoch, step=steps, **metrics))
+        state.history.assign(json.dumps(history))
+        if writer is not None:
+            with writer.as_default(step=steps):
+                for key, v in metrics.items():
+                    _scalar(f"valid/{key}", v)
+            writer.flush()
+        if value > float(state.best):
+            state.best.assign(value)
+            state.best_epoch.assign(epoch)
+            state.best_step.assign(steps)
+            state.bad_validations.assign(0)
+            keep_best()
+        else:
+            state.bad_validations.assign_add(1)
+        out_of_patience = (config.patience > 0 and steps >= config.min_steps
+                           and int(state.bad_validations) >= config.patience)
+        if out_of_patience:
+            log(f"early stop at step {steps}: no better validation {config.validation_metric} "
+                f"for {config.patience} validations")
+        return value, out_of_patience
+
     stopped = False
-    while int(state.epoch) < config.epochs and int(state.steps) < total_steps and not stopped:
+    while (int(state.steps) < total_steps and not stopped
+           and (config.epochs == 0 or int(state.epoch) < config.epochs)):
         epoch, skip = int(state.epoch), int(state.step_in_epoch)
-        val_name = f"valid {config.validation_metric}"
         bar = (keras.utils.Progbar(steps_per_epoch,
                                    stateful_metrics=["loss", "steps/s", val_name])
                if progress else None)
         if bar is not None:
-            log(f"epoch {epoch + 1}/{config.epochs}")
+            bound = f"/{config.epochs}" if config.epochs > 0 else ""
+            log(f"epoch {epoch + 1}{bound} (step {int(state.steps)}"
+                f"{'' if total_steps == math.inf else f' of at most {total_steps}'})")
         start = mark = time.perf_counter()
         done = 0
         for items, timestamps in epoch_data(epoch, skip):
@@ -380,42 +427,36 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
                     _scalar("train/steps_per_second", rate)
             if bar is not None:
                 bar.update(skip + done, [("loss", loss), ("steps/s", rate)], finalize=False)
-            at_limit = int(state.steps) >= total_steps
-            if (manager and config.checkpoint_every > 0 and not at_limit
-                    and int(state.steps) % config.checkpoint_every == 0):
+            steps = int(state.steps)
+            at_limit = steps >= total_steps
+            if config.eval_every > 0 and (steps % config.eval_every == 0 or at_limit):
                 state.seconds.assign_add(time.perf_counter() - mark)
-                manager.save(checkpoint_number=int(state.steps))
+                value, stopped = validate(epoch + 1)
+                if bar is not None:
+                    bar.update(skip + done, [(val_name, value)], finalize=False)
+                if manager:
+                    manager.save(checkpoint_number=steps)
                 mark = time.perf_counter()
-            if at_limit:
+            elif (manager and config.checkpoint_every > 0 and not at_limit
+                    and steps % config.checkpoint_every == 0):
+                state.seconds.assign_add(time.perf_counter() - mark)
+                manager.save(checkpoint_number=steps)
+                mark = time.perf_counter()
+            if at_limit or stopped:
                 break
         state.seconds.assign_add(time.perf_counter() - mark)
         finished_epoch = int(state.step_in_epoch) >= steps_per_epoch
-        metrics = evaluate(model, split, "valid", config.exclude_seen)
-        value = metrics[config.validation_metric]
-        history.append(dict(epoch=epoch + 1, step=int(state.steps), **metrics))
-        if writer is not None:
-            with writer.as_default(step=int(state.steps)):
-                for key, v in metrics.items():
-                    _scalar(f"valid/{key}", v)
-            writer.flush()
-        if value > float(state.best):
-            state.best.assign(value)
-            state.best_epoch.assign(epoch + 1)
-            state.bad_epochs.assign(0)
-            keep_best()
-        else:
-            state.bad_epochs.assign_add(1)
+        if config.eval_every == 0:
+            value, stopped = validate(epoch + 1)
+            if bar is not None:
+                bar.update(skip + done, [(val_name, value)], finalize=False)
         if bar is not None:
-            bar.update(skip + done, [(val_name, value)], finalize=True)
-            log(f"  best {val_name} {float(state.best):.4f} at epoch {int(state.best_epoch)}")
+            bar.update(skip + done, finalize=True)
+            log(f"  best {val_name} {float(state.best):.4f} at step {int(state.best_step)} "
+                f"(epoch {int(state.best_epoch)})")
         if finished_epoch:
             state.epoch.assign_add(1)
             state.step_in_epoch.assign(0)
-        if config.patience > 0 and int(state.bad_epochs) >= config.patience:
-            stopped = True
-            log(f"early stop: no better validation {config.validation_metric} for "
-                f"{config.patience} epochs")
-        state.history.assign(json.dumps(history))
         if manager:
             manager.save(checkpoint_number=int(state.steps))
     restore_best()
@@ -426,8 +467,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         test_other=evaluate(model, split, "test", other),
         baselines=evaluation.baselines(split, num_items, "test", config.exclude_seen),
         baselines_other=evaluation.baselines(split, num_items, "test", other),
-        validation=history, best_epoch=int(state.best_epoch),
-        epochs=len({h["epoch"] for h in history}), steps=int(state.steps),
+        validation=history, best_epoch=int(state.best_epoch), best_step=int(state.best_step),
+        epochs=math.ceil(int(state.steps) / steps_per_epoch), steps=int(state.steps),
         train_seconds=float(state.seconds), first_loss=float(state.first_loss),
         last_loss=float(state.last_loss))
 

@@ -1,0 +1,122 @@
+"""The data profile a run starts from, and the settings fitted to it.
+
+``profile(dataset)`` measures what decides a sequential recommender's recipe: users, items,
+interactions, the training histories' length percentiles, how often a user comes back to an
+item (the repeat rate) and how much of the next item the previous one predicts (the Markov
+chain's HR@10 on the validation targets, seen items kept). ``fit(profile, config, given)``
+turns it into the settings of ``Config`` that the user did not set (`given`), each with its
+reason; ``recops-tf train`` prints them and saves them in ``run.json``. NumPy only.
+
+The rules (docs/quality.md has the measurements behind them):
+
+- **loss**: a softmax over the whole catalogue (``full``) while the catalogue has at most
+  `FULL_SOFTMAX_MAX_ITEMS` items, where its ``[positions, items]`` logits cost little next to
+  the encoder; above, a sampled softmax (its negatives per sequence).
+- **history** (``max_seq_len``): the 99th percentile of the training histories' lengths,
+  rounded up to a multiple of 8, at least 8 and at most `MAX_HISTORY` (the paper's 200).
+- **batch**: 128 histories, fewer for a small user base, so that an epoch is at least
+  `MIN_STEPS_PER_EPOCH` steps (not below 32 histories).
+- **schedule, in optimizer steps**: validation every `eval_every` steps (about an epoch, within
+  [`MIN_EVAL_EVERY`, `MAX_EVAL_EVERY`]), early stopping after `PATIENCE` validations without a
+  better metric but never before ``min_steps`` (`MIN_STEPS`, or `MIN_EPOCHS` epochs if that is
+  more, capped at `MAX_MIN_STEPS`), and at most ``max_steps`` steps in all.
+"""
+import dataclasses
+import math
+
+import numpy as np
+
+from recops_tf.recommender import evaluation
+
+# The Config fields `fit` may set (the CLI's --help says "fitted to the data" for them).
+FITTED = ("loss", "max_seq_len", "batch_size", "eval_every", "patience", "min_steps",
+          "max_steps", "epochs")
+FULL_SOFTMAX_MAX_ITEMS = 50_000
+MAX_HISTORY = 200
+MIN_STEPS_PER_EPOCH = 32
+MIN_EVAL_EVERY, MAX_EVAL_EVERY = 50, 1000
+PATIENCE = 10
+MIN_STEPS, MIN_EPOCHS, MAX_MIN_STEPS = 2000, 10, 20_000
+MAX_STEPS = 200_000
+
+
+@dataclasses.dataclass
+class Profile:
+    users: int
+    items: int
+    interactions: int
+    length: dict  # percentiles of the training histories' lengths: p10, p50, p90, p99, max
+    repeat_rate: float  # share of interactions with an item already in the user's history
+    markov_hr10: float  # Markov chain HR@10 on the validation targets, seen items kept
+    popularity_hr10: float
+
+    def lines(self):
+        """The profile as printed by ``recops-tf train``."""
+        q = self.length
+        return [f"{self.users} users, {self.items} items, {self.interactions} interactions",
+                f"training history length: p10 {q['p10']}, median {q['p50']}, p90 {q['p90']}, "
+                f"p99 {q['p99']}, max {q['max']}",
+                f"repeat rate {self.repeat_rate:.3f} (interactions with an item already in the "
+                f"user's history)",
+                f"validation HR@10 of the Markov chain {self.markov_hr10:.4f}, of popularity "
+                f"{self.popularity_hr10:.4f} (seen items kept)"]
+
+
+def profile(dataset, split=None):
+    """The `Profile` of `dataset` (its leave-one-out `split` if already made)."""
+    split = split or evaluation.Split.leave_one_out(dataset)
+    train, _ = split.train()
+    lengths = np.array([len(h) for h in train], np.int64)
+    interactions = int(sum(len(h) for h in dataset.items))
+    repeats = 0
+    for h in dataset.items:
+        repeats += len(h) - len(np.unique(h))
+    base = evaluation.baselines(split, dataset.num_items, "valid", False, ks=(10,))
+    pct = {f"p{p}": int(np.ceil(np.percentile(lengths, p))) for p in (10, 50, 90, 99)}
+    pct["max"] = int(lengths.max()) if len(lengths) else 0
+    return Profile(users=dataset.num_users, items=dataset.num_items, interactions=interactions,
+                   length=pct, repeat_rate=repeats / max(interactions, 1),
+                   markov_hr10=base["markov"]["hr@10"],
+                   popularity_hr10=base["popularity"]["hr@10"])
+
+
+def fit(prof, config, given=()):
+    """The settings of ``config`` fitted to the data `prof`: a new ``Config`` and ``{field:
+    reason}`` of the fields set. Fields named in `given` (set by the user) are left as they
+    are; so is a config whose preset is not ``"auto"`` (a preset is the paper's recipe)."""
+    if config.preset != "auto":
+        return config, {}
+    chosen, reasons = {}, {}
+
+    def choose(field, value, reason):
+        if field not in given:
+            chosen[field] = value
+            reasons[field] = reason
+
+    if prof.items <= FULL_SOFTMAX_MAX_ITEMS:
+        choose("loss", "full", f"{prof.items} items <= {FULL_SOFTMAX_MAX_ITEMS}: a softmax over "
+               f"the whole catalogue costs little")
+    else:
+        choose("loss", "sampled", f"{prof.items} items > {FULL_SOFTMAX_MAX_ITEMS}: a sampled "
+               f"softmax, {config.num_negatives} negatives per sequence")
+    history = min(MAX_HISTORY, max(8, 8 * math.ceil(prof.length["p99"] / 8)))
+    choose("max_seq_len", history, f"99% of the training histories have at most "
+           f"{prof.length['p99']} items (at most {MAX_HISTORY})")
+    batch = 128
+    while batch > 32 and math.ceil(prof.users / batch) < MIN_STEPS_PER_EPOCH:
+        batch //= 2
+    choose("batch_size", batch, f"{prof.users} users: {math.ceil(prof.users / batch)} steps an "
+           f"epoch (128 histories a step, fewer below {MIN_STEPS_PER_EPOCH} steps an epoch)")
+    batch = chosen.get("batch_size", config.batch_size)
+    steps_per_epoch = math.ceil(prof.users / batch)
+    every = min(MAX_EVAL_EVERY, max(MIN_EVAL_EVERY, steps_per_epoch))
+    choose("eval_every", every, f"validation every {every} steps (an epoch is "
+           f"{steps_per_epoch} steps; within [{MIN_EVAL_EVERY}, {MAX_EVAL_EVERY}])")
+    choose("patience", PATIENCE, f"stop after {PATIENCE} validations without a better "
+           f"{config.validation_metric}")
+    floor = min(MAX_MIN_STEPS, max(MIN_STEPS, MIN_EPOCHS * steps_per_epoch))
+    choose("min_steps", floor, f"but not before {floor} steps (at least {MIN_STEPS}, or "
+           f"{MIN_EPOCHS} epochs)")
+    choose("max_steps", MAX_STEPS, f"at most {MAX_STEPS} steps")
+    choose("epochs", 0, "counted in steps, not epochs")
+    return dataclasses.replace(config, **chosen), reasons

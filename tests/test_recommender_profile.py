@@ -1,0 +1,155 @@
+"""The data profile, the settings fitted to it (--preset auto), and the schedule counted in
+steps: validation every N steps, patience in validations, no early stop before min_steps."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from recops_tf import recommender as rec
+from recops_tf.recommender import profile as prof
+
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def _dataset(histories):
+    items = [np.array(h, np.int64) for h in histories]
+    return rec.Dataset(items=items, timestamps=[np.arange(len(h), dtype=np.int64) for h in items],
+                       num_items=int(max(max(h) for h in histories)), source="lines")
+
+
+def test_profile_of_a_small_data_set_written_by_hand():
+    # Training parts (all but the last two): [1, 2, 1], [2, 3], [1, 2, 3, 4]. Repeats, over the
+    # whole histories: user 0 comes back to 1 and 2, user 2 to 1 and 2: 4 of 15.
+    data = _dataset([[1, 2, 1, 2, 3], [2, 3, 4, 1], [1, 2, 3, 4, 1, 2]])
+    found = prof.profile(data)
+    assert (found.users, found.items, found.interactions) == (3, 4, 15)
+    assert found.length["max"] == 4 and found.length["p50"] == 3
+    assert found.repeat_rate == pytest.approx(4 / 15)
+    # Validation targets 2, 4, 1 after last items 1, 3, 4: the chain saw 1->2 (twice), 3->4
+    # and 4 never followed by anything: with 4 items every target is in the top 10.
+    assert found.markov_hr10 == 1.0
+    split = rec.Split.leave_one_out(data)
+    assert found.markov_hr10 == rec.baselines(split, 4, "valid", False, ks=(10,))["markov"][
+        "hr@10"]
+    assert any("3 users, 4 items, 15 interactions" in line for line in found.lines())
+
+
+def _profile(**changes):
+    values = dict(users=10_000, items=5_000, interactions=500_000,
+                  length=dict(p10=5, p50=20, p90=80, p99=301, max=900), repeat_rate=0.0,
+                  markov_hr10=0.1, popularity_hr10=0.05)
+    values.update(changes)
+    return prof.Profile(**values)
+
+
+def test_fit_chooses_the_loss_by_catalogue_size():
+    config = rec.Config.from_preset("auto")
+    small, reasons = prof.fit(_profile(items=prof.FULL_SOFTMAX_MAX_ITEMS), config)
+    large, _ = prof.fit(_profile(items=prof.FULL_SOFTMAX_MAX_ITEMS + 1), config)
+    assert small.loss == "full" and large.loss == "sampled"
+    assert str(prof.FULL_SOFTMAX_MAX_ITEMS) in reasons["loss"]
+
+
+@pytest.mark.parametrize("p99,expected", [(301, 200), (9, 16), (3, 8), (40, 40), (41, 48)])
+def test_fit_takes_the_history_from_the_length_distribution(p99, expected):
+    fitted, _ = prof.fit(_profile(length=dict(p10=1, p50=2, p90=3, p99=p99, max=999)),
+                         rec.Config.from_preset("auto"))
+    assert fitted.max_seq_len == expected
+
+
+def test_fit_schedule_is_counted_in_steps():
+    config = rec.Config.from_preset("auto")
+    big, _ = prof.fit(_profile(users=100_000), config)
+    assert big.batch_size == 128 and big.epochs == 0 and big.max_steps == prof.MAX_STEPS
+    assert big.eval_every == 782  # an epoch: 100,000 / 128 steps
+    assert big.min_steps == 7820  # 10 epochs
+    small, _ = prof.fit(_profile(users=900), config)
+    assert small.batch_size == 32  # 8 steps an epoch at 128, 15 at 64
+    assert small.eval_every == prof.MIN_EVAL_EVERY and small.min_steps == prof.MIN_STEPS
+    huge, _ = prof.fit(_profile(users=10_000_000), config)
+    assert huge.eval_every == prof.MAX_EVAL_EVERY and huge.min_steps == prof.MAX_MIN_STEPS
+    assert small.check() and big.check() and huge.check()
+
+
+def test_fit_leaves_what_the_user_set_and_every_paper_preset_alone():
+    config = rec.Config.from_preset("auto", loss="sampled", batch_size=7)
+    fitted, reasons = prof.fit(_profile(users=900), config, given={"loss", "batch_size"})
+    assert (fitted.loss, fitted.batch_size) == ("sampled", 7)
+    assert "loss" not in reasons and "batch_size" not in reasons
+    assert fitted.eval_every == 129  # an epoch of 900 users at the batch size given
+    for preset in ("hstu", "hstu-large", "sasrec"):
+        paper = rec.Config.from_preset(preset)
+        assert prof.fit(_profile(), paper) == (paper, {})
+    assert set(reasons) <= set(prof.FITTED)
+
+
+def _tiny(**changes):
+    values = dict(epochs=0, max_steps=24, batch_size=16, d_model=16, num_blocks=1, head_dim=8,
+                  max_seq_len=16, num_negatives=8, learning_rate=3e-3)
+    values.update(changes)
+    return rec.Config.from_preset("auto", **values)
+
+
+def test_validation_every_n_steps_and_patience_in_validations():
+    data = rec.synthetic(num_users=64, num_items=30, seed=1)  # 4 steps an epoch
+    result = rec.train(data, _tiny(eval_every=5, patience=0), progress=False)
+    assert result.steps == 24
+    # Every 5 steps, and once more at the last step.
+    assert [h["step"] for h in result.validation] == [5, 10, 15, 20, 24]
+    assert [h["epoch"] for h in result.validation] == [2, 3, 4, 5, 6]
+    best = max(range(5), key=lambda i: result.validation[i]["ndcg@10"])
+    assert result.best_step == result.validation[best]["step"]
+
+
+def test_no_early_stop_before_min_steps():
+    data = rec.synthetic(num_users=64, num_items=30, seed=1)
+    # A learning rate this large diverges: patience 1 runs out at once ...
+    hasty = rec.train(data, _tiny(eval_every=2, patience=1, learning_rate=0.5, max_steps=40),
+                      progress=False)
+    assert hasty.steps < 40
+    # ... but not before min_steps.
+    floor = rec.train(data, _tiny(eval_every=2, patience=1, learning_rate=0.5, max_steps=40,
+                                  min_steps=30), progress=False)
+    assert floor.steps >= 30
+    scores = [h["ndcg@10"] for h in floor.validation]
+    assert floor.validation[-1]["step"] == floor.steps
+    assert max(scores) == next(h["ndcg@10"] for h in floor.validation
+                               if h["step"] == floor.best_step)
+
+
+def test_config_checks_the_schedule():
+    with pytest.raises(ValueError, match="needs max_steps"):
+        rec.Config.from_preset("auto", epochs=0, max_steps=0).check()
+    with pytest.raises(ValueError, match="eval_every must be at least 0"):
+        rec.Config.from_preset("auto", eval_every=-1).check()
+
+
+def test_cli_prints_the_profile_and_saves_the_fitted_settings(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recops_tf", "train", "--users", "60", "--items", "40",
+         "--d-model", "16", "--blocks", "1", "--head-dim", "8", "--max-steps", "6",
+         "--batch-size", "16", "--no-progress", "--out", str(out)],
+        capture_output=True, text=True, env=_ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "data profile:" in proc.stdout and "repeat rate" in proc.stdout
+    assert "loss = full: 40 items <= 50000" in proc.stdout
+    assert "batch_size =" not in proc.stdout  # given: not fitted
+    run = json.loads((out / "run.json").read_text())
+    assert run["profile"]["users"] == 60 and run["profile"]["items"] == 40
+    assert run["fitted"]["loss"] == {"value": "full", "reason": run["fitted"]["loss"]["reason"]}
+    assert run["config"]["loss"] == "full" and run["config"]["batch_size"] == 16
+    assert run["config"]["max_steps"] == 6
+    assert set(run["fitted"]) <= {f.name for f in dataclasses.fields(rec.Config)}
+    # A paper preset is its recipe: nothing fitted.
+    paper = subprocess.run(
+        [sys.executable, "-m", "recops_tf", "train", "--preset", "hstu", "--users", "60",
+         "--items", "40", "--d-model", "16", "--blocks", "1", "--head-dim", "8",
+         "--max-steps", "2", "--no-progress"],
+        capture_output=True, text=True, env=_ENV, timeout=600)
+    assert paper.returncode == 0, paper.stderr[-2000:]
+    assert "data profile:" not in paper.stdout and "sampled softmax" in paper.stdout
