@@ -1,6 +1,7 @@
 """The `recops-tf` command line (also `python -m recops_tf`):
 
-    recops-tf train [--data PATH] [--epochs N] [--out DIR] [--no-fused]   the main job
+    recops-tf train [--data PATH] [--out DIR] [--config best.json]   the main job
+    recops-tf tune --data PATH --out DIR [--trials N] [--budget-minutes M]
     recops-tf export --model DIR --out DIR2       re-export a trained model's SavedModel
     recops-tf recommend --model DIR --history 1,5,9 [--k 10]
     recops-tf bench [STEM ...] [--out report.md] [--chart speedups.png]
@@ -230,17 +231,25 @@ def _config(args):
     """The Config the flags ask for, and the names of the fields they set (besides the
     preset)."""
     from recops_tf import recommender as rec
+    from recops_tf.recommender import tuning
 
     overrides = {}
+    if getattr(args, "config", None):  # a file's settings; a flag given beside it wins
+        try:
+            overrides.update(tuning.read_config(args.config))
+        except tuning.TuneError as e:
+            raise UsageError(e) from None
     for dest, (field, kind) in CONFIG_OPTIONS.items():
-        value = getattr(args, dest)
+        value = getattr(args, dest, None)  # (tune has no --checkpoint-every)
         if kind == "off":
             value = False if value else None
         elif kind == "on":
             value = True if value else None
-        overrides[field] = value
+        if value is not None or field not in overrides:
+            overrides[field] = value
     given = {field for field, value in overrides.items() if value is not None} - {"preset"}
-    return rec.Config.from_preset(overrides.pop("preset"), **overrides).check(), given
+    preset = overrides.pop("preset") or _module("training")["Config"]["preset"]
+    return rec.Config.from_preset(preset, **overrides).check(), given
 
 
 def _fitted_config(args, dataset):
@@ -251,19 +260,22 @@ def _fitted_config(args, dataset):
 
     config, given = _config(args)
     if config.preset != "auto":
-        return config, {}
+        return config, {}, given
     found = prof.profile(dataset)
     print("data profile:")
     for line in found.lines():
         print(f"  {line}")
     config, reasons = prof.fit(found, config, given)
     config = config.check()
-    print("settings fitted to the data (--preset auto; each flag overrides its own):")
+    if reasons:
+        print("settings fitted to the data (--preset auto; each flag overrides its own):")
+    else:
+        print("settings: every one given (flags, --config): nothing fitted")
     for field, reason in reasons.items():
         print(f"  {field} = {getattr(config, field)}: {reason}")
     return config, {"profile": dataclasses.asdict(found),
                     "fitted": {f: {"value": getattr(config, f), "reason": r}
-                               for f, r in reasons.items()}}
+                               for f, r in reasons.items()}}, given
 
 
 def _train(args, argv):
@@ -287,7 +299,7 @@ def _train(args, argv):
         lengths = [len(h) for h in dataset.items]
         print(f"data: {dataset.source}: {dataset.num_users} users, {dataset.num_items} items, "
               f"{sum(lengths)} interactions (history length {min(lengths)}-{max(lengths)})")
-        config, fitted = _fitted_config(args, dataset)
+        config, fitted, _ = _fitted_config(args, dataset)
     except (rec.DataError, ValueError) as e:
         raise UsageError(e) from None
     kind = "fused ops" if config.use_fused else "stock TF (--no-fused)"
@@ -343,6 +355,33 @@ def _train(args, argv):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(metrics, f, indent=1)
+    return 0
+
+
+def _tune(args):
+    from recops_tf import recommender as rec
+    from recops_tf.recommender import tuning
+
+    if not args.data:
+        raise UsageError("--data is required: the interaction file to tune on")
+    if args.trials < 1:
+        raise UsageError(f"--trials must be at least 1, got {args.trials}")
+    if args.budget_minutes < 0:
+        raise UsageError(f"--budget-minutes must be positive, got {args.budget_minutes:g}")
+    try:
+        dataset = _load_data(args)
+        _config(args)
+        print(f"data: {dataset.source}: {dataset.num_users} users, {dataset.num_items} items")
+        config, _, given = _fitted_config(args, dataset)
+        fields = tuning.searched(given)
+        print(f"searching {', '.join(fields) or 'nothing (every setting given)'} for the best "
+              f"validation {config.validation_metric}, {args.trials} trials"
+              f"{f' within {args.budget_minutes:g} minutes' if args.budget_minutes else ''}; "
+              f"the first is the defaults")
+        tuning.tune(dataset, config, args.out, trials=args.trials,
+                    budget_minutes=args.budget_minutes, given=given)
+    except (rec.DataError, ValueError) as e:  # TuneError is a ValueError
+        raise UsageError(e) from None
     return 0
 
 
@@ -437,21 +476,11 @@ def _info(args):
 
 # --- the parser -------------------------------------------------------------------------------
 
-def _parser():
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--verbose", action="store_true",
-                        help="show TensorFlow's log messages (default: off)")
-    parser = _Parser(prog="recops-tf", description="recops_tf: fused recommendation-model ops "
-                     "for TensorFlow")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _add_run_options(parser, synthetic=True):
+    """The data, model and training options of `train` and `tune` (`synthetic`: the
+    synthetic set's options); returns the training group."""
     training, data_module = _module("training"), _module("data")
-    train = sub.add_parser(
-        "train", parents=[common], help="train and evaluate a generative recommender",
-        description="Train a sequential recommender (the HSTU paper's recipe by default) on "
-        "leave-one-out splits, validate every epoch, and report the test metrics next to "
-        "the popularity and Markov-chain baselines. Preset values can be overridden by "
-        "each flag.")
-    data = train.add_argument_group("data")
+    data = parser.add_argument_group("data")
     data.add_argument("--data", help="an interaction file (MovieLens u.data / ratings.dat / "
                       "ratings.csv, SASRec's 'user item' files, or a CSV with named columns; "
                       "default: the built-in synthetic set)")
@@ -464,16 +493,16 @@ def _parser():
     data.add_argument("--min-interactions", type=int,
                       default=data_module["load"]["min_interactions"],
                       help="k-core: drop users and items with fewer than K interactions")
-    synthetic = _module("synthetic")["synthetic"]
-    data.add_argument("--users", type=int, default=synthetic["num_users"],
-                      help="synthetic set: users")
-    data.add_argument("--items", type=int, default=synthetic["num_items"],
-                      help="synthetic set: items")
-    data.add_argument("--data-seed", type=int, default=synthetic["seed"],
-                      help="synthetic set: its seed")
-    model = train.add_argument_group("model (defaults from --preset)")
+    if synthetic:
+        synthetic = _module("synthetic")["synthetic"]
+        data.add_argument("--users", type=int, default=synthetic["num_users"],
+                          help="synthetic set: users")
+        data.add_argument("--items", type=int, default=synthetic["num_items"],
+                          help="synthetic set: items")
+        data.add_argument("--data-seed", type=int, default=synthetic["seed"],
+                          help="synthetic set: its seed")
+    model = parser.add_argument_group("model (defaults from --preset)")
     model.add_argument("--preset", choices=tuple(training["PRESETS"]),
-                       default=training["Config"]["preset"],
                        help="the recipe: auto (the HSTU paper's 2-block model with its loss, "
                        "history, batch and schedule fitted to the data, each choice printed "
                        "with its reason), or exactly the paper's recipe: its 2-block model, "
@@ -508,7 +537,7 @@ def _parser():
     model.add_argument("--precision", choices=tuple(_module("training")["PRECISIONS"]),
                        help="bf16: Keras' mixed_bfloat16 policy (the encoder and its kernels "
                        "in bfloat16, variables and the retrieval head in float32)")
-    fit = train.add_argument_group("training")
+    fit = parser.add_argument_group("training")
     fit.add_argument("--epochs", type=int, help="at most this many epochs, 0: no bound "
                      "(--max-steps bounds)")
     fit.add_argument("--batch-size", type=int, help="histories per step")
@@ -527,6 +556,26 @@ def _parser():
     fit.add_argument("--seed", type=int, help="of the weights, the batch order and the "
                      "negatives")
     fit.add_argument("--max-steps", type=int, help="stop after N steps, 0: all of them")
+    return fit
+
+
+def _parser():
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="show TensorFlow's log messages (default: off)")
+    parser = _Parser(prog="recops-tf", description="recops_tf: fused recommendation-model ops "
+                     "for TensorFlow")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = sub.add_parser(
+        "train", parents=[common], help="train and evaluate a generative recommender",
+        description="Train a sequential recommender (HSTU, its loss, history, batch and "
+        "schedule fitted to the data by default) on leave-one-out splits, validate as it "
+        "trains, and report the test metrics next to the popularity and Markov-chain "
+        "baselines. Every setting can be overridden by its flag.")
+    fit = _add_run_options(train)
+    fit.add_argument("--config", metavar="FILE", help="settings from a JSON file (the "
+                     "best.json of recops-tf tune); a flag given beside it overrides its "
+                     "value (default: none)")
     fit.add_argument("--checkpoint-every", type=int,
                      help="with --out, also checkpoint every N steps, 0: only every epoch")
     fit.add_argument("--resume", metavar="DIR", help="continue the run whose --out was DIR "
@@ -539,6 +588,21 @@ def _parser():
     out.add_argument("--no-progress", action="store_true",
                      help="no progress bar (default: a bar with loss, steps/s, validation)")
     _add_defaults(train)
+    tune = sub.add_parser(
+        "tune", parents=[common], help="search the settings on the validation split",
+        description="Search the model's settings (learning rate, dropout, blocks, width, "
+        "temperature, batch, seen-item bias) with Optuna on the validation split only; the "
+        "first trial is the defaults. Killed, the same command resumes the search. Writes "
+        "OUT/best.json for recops-tf train --config. A flag given fixes its setting.")
+    _add_run_options(tune, synthetic=False)
+    search = tune.add_argument_group("search")
+    search.add_argument("--out", required=True, help="the search's directory (its trials, "
+                        "best.json)")
+    search.add_argument("--trials", type=int, default=20, help="complete trials to run")
+    search.add_argument("--budget-minutes", type=float, default=0.0,
+                        help="start no trial that would end past this many minutes, 0: no "
+                        "budget")
+    _add_defaults(tune)
     export = sub.add_parser("export", parents=[common],
                             help="re-export a trained model directory")
     export.add_argument("--model", required=True, help="a directory written by train --out")
@@ -569,7 +633,7 @@ def main(argv=None):
         return bench.main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    command = {"train": lambda a: _train(a, argv[1:]), "export": _export,
+    command = {"train": lambda a: _train(a, argv[1:]), "tune": _tune, "export": _export,
                "recommend": _recommend, "info": _info}[args.command]
     try:
         return command(args)

@@ -13,7 +13,7 @@ from typing import List
 
 import numpy as np
 
-KS = (10, 50, 200)
+KS = (5, 10, 20, 50, 200)  # 10, 50, 200: GR's table; 5, 20: the SASRec family's
 
 
 @dataclasses.dataclass

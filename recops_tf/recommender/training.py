@@ -266,6 +266,8 @@ class Result:
     train_seconds: float
     first_loss: float
     last_loss: float
+    first_step_seconds: float = 0.0  # this call's first step (tracing included)
+    validation_seconds: float = 0.0  # this call's validations
 
 
 def _scalar(tag, value):
@@ -372,10 +374,14 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         total_steps = min(total_steps, config.epochs * steps_per_epoch)
     val_name = f"valid {config.validation_metric}"
 
+    timing = {"first_step": None, "validation": 0.0}  # this call's, for estimates (tuning)
+
     def validate(epoch):
         """Validates at the current step (`epoch`: the 1-based epoch under way); returns the
         metric and whether patience has run out."""
+        began = time.perf_counter()
         metrics = evaluate(model, split, "valid", config.exclude_seen)
+        timing["validation"] += time.perf_counter() - began
         value, steps = metrics[config.validation_metric], int(state.steps)
         history.append(dict(epoch=epoch, step=steps, **metrics))
         state.history.assign(json.dumps(history))
@@ -413,7 +419,10 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         start = mark = time.perf_counter()
         done = 0
         for items, timestamps in epoch_data(epoch, skip):
+            began = time.perf_counter()
             loss = float(step(items, timestamps))
+            if timing["first_step"] is None:  # includes tracing the step
+                timing["first_step"] = time.perf_counter() - began
             done += 1
             state.steps.assign_add(1)
             state.step_in_epoch.assign_add(1)
@@ -470,7 +479,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         validation=history, best_epoch=int(state.best_epoch), best_step=int(state.best_step),
         epochs=math.ceil(int(state.steps) / steps_per_epoch), steps=int(state.steps),
         train_seconds=float(state.seconds), first_loss=float(state.first_loss),
-        last_loss=float(state.last_loss))
+        last_loss=float(state.last_loss), first_step_seconds=timing["first_step"] or 0.0,
+        validation_seconds=timing["validation"])
 
 
 def export(model, dataset, out_dir, metrics=None):
