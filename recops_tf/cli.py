@@ -115,6 +115,7 @@ CONFIG_OPTIONS = {
     "seen_bias": ("seen_bias", "value"),
     "loss": ("loss", "value"), "negatives": ("num_negatives", "value"),
     "negatives_per": ("negatives_per", "value"),
+    "label_smoothing": ("label_smoothing", "value"), "gbce_t": ("gbce_t", "value"),
     "no_fused": ("use_fused", "off"), "precision": ("precision", "value"),
     "epochs": ("epochs", "value"), "batch_size": ("batch_size", "value"),
     "learning_rate": ("learning_rate", "value"), "patience": ("patience", "value"),
@@ -306,8 +307,10 @@ def _train(args, argv):
     if config.precision != "f32":
         kind += f", {config.precision} (mixed precision)"
     negatives = ("full softmax" if config.loss == "full" else
-                 f"{config.loss} softmax, {config.num_negatives} negatives per "
-                 f"{config.negatives_per}")
+                 f"{'gBCE' if config.loss == 'gbce' else config.loss + ' softmax'}, "
+                 f"{config.num_negatives} negatives per {config.negatives_per}")
+    if config.label_smoothing and config.loss != "gbce":
+        negatives += f", label smoothing {config.label_smoothing:g}"
     print(f"model: --preset {config.preset}: {config.encoder}, {config.num_blocks} blocks x "
           f"{config.num_heads} heads x {config.head_dim}, d_model {config.d_model}, "
           f"{config.max_seq_len} items of history, {negatives}, temperature "
@@ -527,7 +530,12 @@ def _add_run_options(parser, synthetic=True):
                        "recipe)")
     model.add_argument("--loss", choices=_module("model")["LOSSES"],
                        help="sampled softmax over uniform negatives, over the "
-                       "batch's own targets, or a full softmax over the catalogue")
+                       "batch's own targets, a full softmax over the catalogue, or gSASRec's "
+                       "calibrated binary cross-entropy (gBCE) on uniform negatives")
+    model.add_argument("--label-smoothing", type=float, help="softmax losses: the label is "
+                       "(1 - this) one-hot + this spread evenly over the candidates")
+    model.add_argument("--gbce-t", type=float, help="gBCE's calibration t in [0, 1] (0: plain "
+                       "binary cross-entropy)")
     model.add_argument("--negatives", type=int, help="negatives per sequence, or per position")
     model.add_argument("--negatives-per", choices=("sequence", "position"),
                        help="one set of negatives per sequence (B x N embeddings a "

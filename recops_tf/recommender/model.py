@@ -21,7 +21,7 @@ from recops_tf.layers.hstu_block import HSTUBlock
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
 
 ENCODERS = ("hstu", "sasrec")
-LOSSES = ("sampled", "in-batch", "full")
+LOSSES = ("sampled", "in-batch", "full", "gbce")
 _HIT = -1e9  # the logit of a sampled negative that is the positive itself (masked out)
 
 
@@ -285,15 +285,46 @@ def _positives_and_negatives(model, states, targets, negatives, training,
     return pos, neg
 
 
-def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, training=True,
-                   per_position=False):
-    """Mean softmax cross-entropy of predicting item t+1 from the state at t, over every
-    position of every ragged history ``items`` (``[B, (L + 1)]``: the model reads the first L).
+def _cross_entropy(logits, target_logit, label_smoothing, valid=None):
+    """Softmax cross-entropy ``[P]`` of the target among `logits` ``[P, N]`` (the target's
+    own column included) against the label ``(1 - label_smoothing) onehot + label_smoothing /
+    n``, the uniform part over the n `valid` columns (all, if None)."""
+    lse = tf.reduce_logsumexp(logits, axis=1)
+    out = lse - target_logit
+    if label_smoothing:
+        if valid is None:
+            mean = tf.reduce_mean(logits, axis=1)
+        else:
+            mean = (tf.reduce_sum(tf.where(valid, logits, 0.0), 1) /
+                    tf.maximum(tf.reduce_sum(tf.cast(valid, logits.dtype), 1), 1.0))
+        out = (1.0 - label_smoothing) * out + label_smoothing * (lse - mean)
+    return out
 
-    ``loss``: ``"sampled"`` / ``"in-batch"``: the positive against ``negatives`` (``[B, N]``
-    item ids per sequence, or ``[P, N]`` per position with ``per_position``; a negative equal
-    to the positive is masked); ``"full"``: against every catalogue item.
+
+def gbce_beta(num_negatives, num_items, t=0.75):
+    """gSASRec's (Petrov & Macdonald, 2023) exponent of the positive's probability in gBCE:
+    ``beta = alpha (t (1 - 1/alpha) + 1/alpha)`` with ``alpha = num_negatives / (num_items -
+    1)``, the sampling rate; ``t = 0`` is plain binary cross-entropy, ``t = 1`` fully
+    calibrated."""
+    alpha = num_negatives / max(num_items - 1, 1)
+    return alpha * (t * (1.0 - 1.0 / alpha) + 1.0 / alpha)
+
+
+def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, training=True,
+                   per_position=False, label_smoothing=0.0, gbce_t=0.75):
+    """Mean loss of predicting item t+1 from the state at t, over every position of every
+    ragged history ``items`` (``[B, (L + 1)]``: the model reads the first L).
+
+    ``loss``: ``"sampled"`` / ``"in-batch"``: softmax cross-entropy of the positive against
+    ``negatives`` (``[B, N]`` item ids per sequence, or ``[P, N]`` per position with
+    ``per_position``; a negative equal to the positive is masked); ``"full"``: against every
+    catalogue item; ``"gbce"``: gSASRec's generalised binary cross-entropy on the positive and
+    the sampled ``negatives`` (``gbce_t``: its calibration, `gbce_beta`). ``label_smoothing``
+    (softmax losses): the target's one-hot label mixed with the uniform one over the
+    candidates, ``(1 - label_smoothing) onehot + label_smoothing / N`` (Keras' form).
     """
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     inputs = {"items": items[:, :-1], "timestamps": timestamps[:, :-1]}
     targets = items[:, 1:]
     states = model(inputs, training=training)
@@ -301,14 +332,18 @@ def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, tra
         logits = model.scores(states.flat_values, training=training)
         if model.seen_bias:
             logits += _seen_bias_full(model, states, inputs["items"])
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=targets.flat_values - 1, logits=logits))
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        target = tf.gather(logits, targets.flat_values - 1, batch_dims=1)
+        return tf.reduce_mean(_cross_entropy(logits, target, label_smoothing))
     pos, neg = _positives_and_negatives(model, states, targets, negatives, training,
                                         per_position, read=inputs["items"])
+    if loss == "gbce":
+        beta = gbce_beta(int(negatives.shape[-1]), model.num_items, gbce_t)
+        # -log(sigmoid(pos) ** beta) - sum log(1 - sigmoid(neg)); a masked hit adds 0.
+        return tf.reduce_mean(beta * tf.nn.softplus(-pos) +
+                              tf.reduce_sum(tf.nn.softplus(neg), axis=1))
     logits = tf.concat([pos[:, None], neg], axis=1)
-    return tf.reduce_mean(tf.reduce_logsumexp(logits, axis=1) - pos)
+    valid = logits > _HIT / 2 if label_smoothing else None
+    return tf.reduce_mean(_cross_entropy(logits, pos, label_smoothing, valid))
 
 
 def last_states(model, items, timestamps):

@@ -39,6 +39,8 @@ class Config:
     loss: str = "sampled"
     num_negatives: int = 128
     negatives_per: str = "sequence"  # or "position" (a set per position, as GR samples)
+    label_smoothing: float = 0.0  # softmax losses: the target's mass is 1 - this
+    gbce_t: float = 0.75  # loss "gbce": gSASRec's calibration (0: plain BCE, 1: calibrated)
     relative_bias: bool = True
     seen_bias: bool = True  # a learned logit bias of items already in the history (ours)
     use_fused: bool = True
@@ -84,6 +86,10 @@ class Config:
                              f"{self.negatives_per!r}")
         if self.loss != "full" and self.num_negatives < 1:
             raise ValueError(f"num_negatives must be at least 1, got {self.num_negatives}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
+        if not 0.0 <= self.gbce_t <= 1.0:
+            raise ValueError(f"gbce_t must lie in [0, 1], got {self.gbce_t}")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must lie in [0, 1), got {self.dropout_rate}")
         if not self.temperature > 0 or not self.learning_rate > 0:
@@ -204,7 +210,7 @@ def train_step(model, optimizer, generator, config, num_items):
         if per_position:
             rows = tf.size(items[:, 1:].flat_values, out_type=tf.int64)
         negatives = None
-        if config.loss == "sampled":
+        if config.loss in ("sampled", "gbce"):
             negatives = generator.uniform([rows, n_neg], 1, num_items + 1, dtype=tf.int64)
         elif config.loss == "in-batch":
             targets = items[:, 1:].flat_values
@@ -213,7 +219,9 @@ def train_step(model, optimizer, generator, config, num_items):
             negatives = tf.gather(targets, pick)
         with tf.GradientTape() as tape:
             loss = next_item_loss(model, items, timestamps, config.loss, negatives,
-                                  training=True, per_position=per_position)
+                                  training=True, per_position=per_position,
+                                  label_smoothing=config.label_smoothing,
+                                  gbce_t=config.gbce_t)
         variables = model.trainable_variables
         optimizer.apply(tape.gradient(loss, variables), variables)
         return loss

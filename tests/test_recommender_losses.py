@@ -1,0 +1,76 @@
+"""The loss levers against their definitions: label smoothing (Keras' form, over every
+candidate or the unmasked ones) and gSASRec's gBCE (its beta, and the loss on the positive and
+sampled negatives)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recops_tf import recommender as rec
+from recops_tf.recommender import model as model_module
+
+
+def _reference_cross_entropy(logits, target, smoothing, valid):
+    out = []
+    for z, t, ok in zip(logits, target, valid):
+        z, ok = z.astype(np.float64), ok.copy()
+        ok[t] = True
+        p = np.exp(z[ok] - z[ok].max())
+        p /= p.sum()
+        label = np.zeros(ok.sum())
+        label[np.flatnonzero(ok).tolist().index(t)] = 1.0 - smoothing
+        label += smoothing / ok.sum()
+        out.append(-(label * np.log(p)).sum())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.5])
+@pytest.mark.parametrize("masked", [False, True])
+def test_cross_entropy_with_label_smoothing(smoothing, masked):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(6, 9)).astype(np.float32) * 3
+    target = rng.integers(0, 9, 6)
+    valid = rng.uniform(size=(6, 9)) > 0.3 if masked else np.ones((6, 9), bool)
+    valid[np.arange(6), target] = True
+    z = np.where(valid, logits, model_module._HIT).astype(np.float32)
+    got = model_module._cross_entropy(tf.constant(z), tf.constant(z[np.arange(6), target]),
+                                      smoothing, tf.constant(valid) if masked else None)
+    np.testing.assert_allclose(got.numpy(), _reference_cross_entropy(z, target, smoothing,
+                                                                     valid), rtol=1e-5)
+
+
+def test_gbce_beta():
+    assert model_module.gbce_beta(128, 1001, t=0.0) == pytest.approx(1.0)  # plain BCE
+    assert model_module.gbce_beta(128, 1001, t=1.0) == pytest.approx(128 / 1000)
+    alpha = 256 / 3415
+    assert model_module.gbce_beta(256, 3416, 0.75) == pytest.approx(
+        alpha * (0.75 * (1 - 1 / alpha) + 1 / alpha))
+
+
+def test_gbce_loss_on_the_positive_and_the_negatives():
+    data = rec.synthetic(num_users=8, num_items=20, seed=2)
+    model = rec.training.build_model(rec.Config.from_preset(
+        "hstu", d_model=8, num_blocks=1, head_dim=8, max_seq_len=16, seen_bias=False), 20)
+    lengths = [min(len(h), 6) for h in data.items]
+    items = tf.RaggedTensor.from_row_lengths(
+        np.concatenate([h[:n] for h, n in zip(data.items, lengths)]), lengths)
+    stamps = tf.RaggedTensor.from_row_lengths(
+        np.concatenate([t[:n] for t, n in zip(data.timestamps, lengths)]), lengths)
+    negatives = tf.constant(np.random.default_rng(1).integers(1, 21, (8, 5)), tf.int64)
+    got = model_module.next_item_loss(model, items, stamps, "gbce", negatives, training=False,
+                                      gbce_t=0.5)
+    states = model({"items": items[:, :-1], "timestamps": stamps[:, :-1]}, training=False)
+    pos, neg = model_module._positives_and_negatives(model, states, items[:, 1:], negatives,
+                                                     False)
+    pos, neg = pos.numpy().astype(np.float64), neg.numpy().astype(np.float64)
+    beta = model_module.gbce_beta(5, 20, 0.5)
+    sigmoid = lambda x: 1 / (1 + np.exp(-x))
+    neg_terms = np.where(neg < -1e8, 0.0, -np.log1p(-sigmoid(np.maximum(neg, -50))))
+    expected = np.mean(-beta * np.log(sigmoid(pos)) + neg_terms.sum(1))
+    assert got.numpy() == pytest.approx(expected, rel=1e-5)
+
+
+def test_loss_settings_are_checked():
+    with pytest.raises(ValueError, match="label_smoothing must lie"):
+        rec.Config.from_preset("auto", label_smoothing=1.0).check()
+    with pytest.raises(ValueError, match="gbce_t must lie"):
+        rec.Config.from_preset("auto", gbce_t=1.5).check()
