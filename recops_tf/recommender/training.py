@@ -274,6 +274,7 @@ class Result:
     train_seconds: float
     first_loss: float
     last_loss: float
+    steps_per_epoch: int = 0
     first_step_seconds: float = 0.0  # this call's first step (tracing included)
     validation_seconds: float = 0.0  # this call's validations
 
@@ -487,7 +488,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         validation=history, best_epoch=int(state.best_epoch), best_step=int(state.best_step),
         epochs=math.ceil(int(state.steps) / steps_per_epoch), steps=int(state.steps),
         train_seconds=float(state.seconds), first_loss=float(state.first_loss),
-        last_loss=float(state.last_loss), first_step_seconds=timing["first_step"] or 0.0,
+        last_loss=float(state.last_loss), steps_per_epoch=steps_per_epoch,
+        first_step_seconds=timing["first_step"] or 0.0,
         validation_seconds=timing["validation"])
 
 
