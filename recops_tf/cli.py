@@ -113,6 +113,7 @@ CONFIG_OPTIONS = {
     "dropout": ("dropout_rate", "value"), "temperature": ("temperature", "value"),
     "no_l2_norm": ("l2_norm", "off"), "no_relative_bias": ("relative_bias", "off"),
     "seen_bias": ("seen_bias", "value"),
+    "no_share_embeddings": ("share_embeddings", "off"),
     "loss": ("loss", "value"), "negatives": ("num_negatives", "value"),
     "negatives_per": ("negatives_per", "value"),
     "label_smoothing": ("label_smoothing", "value"), "gbce_t": ("gbce_t", "value"),
@@ -529,6 +530,9 @@ def _add_run_options(parser, synthetic=True):
                        "repeat-aware head: negative where users rarely repeat, as on "
                        "MovieLens; not in the HSTU paper: --no-seen-bias gives its exact "
                        "recipe)")
+    model.add_argument("--no-share-embeddings", action="store_true",
+                       help="the retrieval head scores items with a table of its own, not "
+                       "the input item table")
     model.add_argument("--loss", choices=_module("model")["LOSSES"],
                        help="sampled softmax over uniform negatives, over the "
                        "batch's own targets, a full softmax over the catalogue, or gSASRec's "

@@ -369,3 +369,27 @@ def test_seen_bias_on_and_off_train_and_export(tmp_path, flag):
     got = module.recommend(tf.constant([1, 2, 3], tf.int64), tf.constant([1, 2, 3], tf.int64),
                            tf.constant(5, tf.int32))
     assert rec.recommend(str(out), [1, 2, 3], k=5)[0] == [str(i) for i in got["items"].numpy()]
+
+
+def test_untied_head_has_its_own_table_trains_checkpoints_and_exports(tmp_path):
+    data = rec.synthetic(num_users=64, num_items=30, seed=1)
+    config = _tiny_config(share_embeddings=False, epochs=2)
+    result = rec.train(data, config, checkpoint_dir=str(tmp_path / "ckpt"), progress=False)
+    model = result.model
+    assert len(model.tables()) == 2 and result.last_loss < result.first_loss
+    ids = tf.constant([1, 2, 3], tf.int64)
+    head = model.item_embeddings(ids, training=False)
+    inputs = tf.math.l2_normalize(model._raw_embed(ids, False), -1)
+    assert not np.allclose(head.numpy(), inputs.numpy())  # two tables, trained apart
+    path = rec.export(model, data, str(tmp_path / "out"))
+    loaded = tf.saved_model.load(path)
+    history = tf.constant(data.items[0][:5], tf.int64)
+    got = loaded.recommend(history, tf.range(5, dtype=tf.int64), tf.constant(5))
+    states = training_module.last_states(
+        model, tf.RaggedTensor.from_row_lengths(history, [5]),
+        tf.RaggedTensor.from_row_lengths(tf.range(5, dtype=tf.int64), [5]))
+    scores = model.scores(states, seen=tf.RaggedTensor.from_row_lengths(history, [5]))[0]
+    np.testing.assert_allclose(got["scores"].numpy(), tf.math.top_k(scores, 5).values.numpy(),
+                               rtol=1e-5, atol=1e-5)
+    shared = rec.train(data, _tiny_config(epochs=1), progress=False).model
+    assert len(shared.tables()) == 1

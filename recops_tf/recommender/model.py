@@ -45,6 +45,8 @@ class GenerativeRecommender(keras.Model):
       use_fused: ``DynamicEmbedding`` items (train with ``recops_tf.optimizers.LazyAdam``)
         and the fused HSTU ops; ``False``: ``keras.layers.Embedding`` and the blocks' stock-TF
         reference paths (SASRec is stock Keras either way, only its embedding changes).
+      share_embeddings: the retrieval head scores items with the input item table (SASRec's
+        and HSTU's tying); ``False``: with a second table of its own.
       seen_bias: a learned scalar added to the logit of every item already in the history
         being scored (in training: the items read up to each position), a repeat-aware
         head; ``scores(states, seen=histories)`` applies it.
@@ -54,7 +56,7 @@ class GenerativeRecommender(keras.Model):
     def __init__(self, num_items, encoder="hstu", d_model=50, num_blocks=2, num_heads=1,
                  head_dim=50, max_seq_len=200, dropout_rate=0.2, l2_norm=True,
                  temperature=0.05, relative_bias=True, use_fused=True, seed=0, seen_bias=False,
-                 **kwargs):
+                 share_embeddings=True, **kwargs):
         super().__init__(**kwargs)
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
@@ -68,15 +70,11 @@ class GenerativeRecommender(keras.Model):
         self.dropout_rate, self.l2_norm = float(dropout_rate), bool(l2_norm)
         self.temperature, self.relative_bias = float(temperature), bool(relative_bias)
         self.use_fused, self.seed = bool(use_fused), int(seed)
-        self.seen_bias = bool(seen_bias)
-        init = keras.initializers.TruncatedNormal(stddev=0.02, seed=seed)
-        if self.use_fused:
-            self.item_embedding = DynamicEmbedding(self.d_model, initializer=init, seed=seed,
-                                                   name="items")
-        else:
-            self.item_embedding = keras.layers.Embedding(self.num_items + 1, self.d_model,
-                                                         embeddings_initializer=init,
-                                                         name="items")
+        self.seen_bias, self.share_embeddings = bool(seen_bias), bool(share_embeddings)
+        self.item_embedding = self._table("items", seed)
+        # Without sharing, the retrieval head has an item table of its own.
+        self.output_embedding = (None if self.share_embeddings else
+                                 self._table("output_items", seed + 3))
         self.positions = keras.layers.Embedding(
             self.max_seq_len, self.d_model, name="positions",
             embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02,
@@ -103,16 +101,33 @@ class GenerativeRecommender(keras.Model):
                            if self.seen_bias else None)
 
     # -- embeddings -------------------------------------------------------------------------
-    def _raw_embed(self, ids, training):
-        if isinstance(ids, tf.RaggedTensor):
-            return ids.with_flat_values(self._raw_embed(ids.flat_values, training))
+    def _table(self, name, seed):
+        init = keras.initializers.TruncatedNormal(stddev=0.02, seed=seed)
         if self.use_fused:
-            return self.item_embedding(ids, training=training)
-        return self.item_embedding(ids)
+            return DynamicEmbedding(self.d_model, initializer=init, seed=seed, name=name)
+        return keras.layers.Embedding(self.num_items + 1, self.d_model,
+                                      embeddings_initializer=init, name=name)
+
+    def tables(self):
+        """The growing item tables (``DynamicEmbedding.table``) of the fused build: the input
+        table, and the head's own without ``share_embeddings``."""
+        if not self.use_fused:
+            return []
+        layers = [self.item_embedding] + ([] if self.output_embedding is None else
+                                          [self.output_embedding])
+        return [layer.table for layer in layers]
+
+    def _raw_embed(self, ids, training, layer=None):
+        layer = layer or self.item_embedding
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(self._raw_embed(ids.flat_values, training, layer))
+        if self.use_fused:
+            return layer(ids, training=training)
+        return layer(ids)
 
     def item_embeddings(self, ids, training=None):
         """Embeddings of item ids (any shape) as the retrieval head sees them."""
-        e = self._raw_embed(ids, training)
+        e = self._raw_embed(ids, training, self.output_embedding)  # None: the input table
         return tf.math.l2_normalize(e, axis=-1, epsilon=1e-12) if self.l2_norm else e
 
     # -- the encoder ------------------------------------------------------------------------
@@ -181,7 +196,8 @@ class GenerativeRecommender(keras.Model):
                       head_dim=self.head_dim, max_seq_len=self.max_seq_len,
                       dropout_rate=self.dropout_rate, l2_norm=self.l2_norm,
                       temperature=self.temperature, relative_bias=self.relative_bias,
-                      use_fused=self.use_fused, seed=self.seed, seen_bias=self.seen_bias)
+                      use_fused=self.use_fused, seed=self.seed, seen_bias=self.seen_bias,
+                      share_embeddings=self.share_embeddings)
         return config
 
 

@@ -43,6 +43,7 @@ class Config:
     gbce_t: float = 0.75  # loss "gbce": gSASRec's calibration (0: plain BCE, 1: calibrated)
     relative_bias: bool = True
     seen_bias: bool = True  # a learned logit bias of items already in the history (ours)
+    share_embeddings: bool = True  # the head scores with the input item table (tied)
     use_fused: bool = True
     precision: str = "f32"  # or "bf16": Keras' mixed_bfloat16 (bf16 compute, f32 variables)
     seed: int = 0
@@ -136,7 +137,8 @@ def build_model(config, num_items):
             head_dim=config.head_dim, max_seq_len=config.max_seq_len,
             dropout_rate=config.dropout_rate, l2_norm=config.l2_norm,
             temperature=config.temperature, relative_bias=config.relative_bias,
-            use_fused=config.use_fused, seed=config.seed, seen_bias=config.seen_bias)
+            use_fused=config.use_fused, seed=config.seed, seen_bias=config.seen_bias,
+            share_embeddings=config.share_embeddings)
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
 
@@ -339,11 +341,13 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     # are saved explicitly, in their (deterministic) creation order.
     weights = [v.value for v in model.variables]
     tracked = dict(weights=weights, optimizer=optimizer, generator=generator, state=state)
-    if config.use_fused:
-        tracked["table"] = model.item_embedding.table
+    tables = model.tables()
+    for i, table in enumerate(tables):  # "table", then "output_table" (not shared)
+        tracked[("table", "output_table")[i]] = table
     checkpoint = tf.train.Checkpoint(**tracked)
     best = tf.train.Checkpoint(**{k: v for k, v in tracked.items() if k in ("weights",
-                                                                           "table")})
+                                                                           "table",
+                                                                           "output_table")})
     manager = best_path = None
     if checkpoint_dir:
         manager = tf.train.CheckpointManager(checkpoint, os.path.join(checkpoint_dir, "last"),
@@ -365,7 +369,7 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
             best.write(best_path)
         else:
             best_weights = ([v.numpy() for v in model.variables],
-                            model.item_embedding.table.export() if config.use_fused else None)
+                            [table.export() for table in tables])
 
     def restore_best():
         if best_path and os.path.exists(best_path + ".index"):
@@ -373,8 +377,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         elif best_weights is not None:
             for v, value in zip(model.variables, best_weights[0]):
                 v.assign(value)
-            if best_weights[1] is not None:
-                model.item_embedding.table.assign(*best_weights[1])
+            for table, values in zip(tables, best_weights[1]):
+                table.assign(*values)
 
     writer = tf.summary.create_file_writer(logdir) if logdir else None
     history = json.loads(state.history.numpy().decode())
@@ -511,8 +515,8 @@ def export(model, dataset, out_dir, metrics=None):
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    if model.use_fused:  # the growing table is a TF resource, not a Keras variable
-        archive.track(model.item_embedding.table)
+    for table in model.tables():  # a growing table is a TF resource, not a Keras variable
+        archive.track(table)
     archive.add_endpoint("recommend", serve, input_signature=[
         tf.TensorSpec([None], tf.int64, name="items"),
         tf.TensorSpec([None], tf.int64, name="timestamps"),
