@@ -137,6 +137,8 @@ def config_default_text(field, kind="value"):
     --no-X flag switches off is named: ``default: relative_bias on; --preset sasrec: off``."""
     presets = preset_defaults()
     default = _module("training")["Config"]["preset"]
+    if field == "preset":
+        return f"default: {default}"
     value = presets[default][field]
     fitted = default == "auto" and field in _module("profile")["FITTED"]
     others = [f"--preset {name}: {_shown(v[field])}" for name, v in presets.items()

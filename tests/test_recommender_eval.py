@@ -76,3 +76,37 @@ def test_baselines_on_a_deterministic_chain():
     assert excluded["markov"]["mrr"] == 1.0
     # With every other item seen, the target is the only candidate left.
     assert excluded["popularity"]["mrr"] == 1.0
+
+
+def test_ranks_beside_the_scores_equal_numpy_ranks():
+    """training.evaluate ranks on the model's side (ranker); evaluation.ranks is the
+    definition: the same ranks for both protocols, ties by item id included."""
+    import tensorflow as tf
+
+    from recops_tf import recommender as rec
+    from recops_tf.recommender import training
+
+    data = rec.synthetic(num_users=40, num_items=25, seed=4)
+    config = rec.Config.from_preset("hstu", d_model=8, num_blocks=1, head_dim=8,
+                                    max_seq_len=12, seen_bias=True)
+    model = training.build_model(config, data.num_items)
+    split = rec.Split.leave_one_out(data)
+    histories, stamps = split.history("test")
+    targets, _ = split.targets("test")
+    cut = lambda seqs: training._ragged([h[-12:] for h in seqs])
+    scores = training.scorer(model)(cut(histories), cut(stamps)).numpy()
+    # Ties: a few targets' scores copied onto lower and higher ids.
+    for row in range(0, 40, 5):
+        scores_row = scores[row]
+        t = targets[row] - 1
+        scores_row[(t + 3) % 25] = scores_row[t]
+        scores_row[(t + 22) % 25] = scores_row[t]
+    scorer = lambda items, timestamps: tf.constant(scores)
+    model._recops_scorer = tf.function(scorer)
+    for exclude in (False, True):
+        model.__dict__.pop(f"_recops_ranker_{exclude}", None)
+        got = training.ranker(model, exclude)(cut(histories), cut(stamps),
+                                               training._ragged(histories),
+                                               tf.constant(targets)).numpy()
+        want = rec.ranks(scores, targets, histories if exclude else None)
+        np.testing.assert_array_equal(got, want)

@@ -243,6 +243,40 @@ def scorer(model):
     return score
 
 
+def ranker(model, exclude_seen):
+    """A tf.function of ragged (items, timestamps) histories, ragged seen items and ``[B]``
+    targets to the targets' 0-based ranks among every catalogue item, as
+    ``evaluation.ranks`` defines them (ties by item id; with `exclude_seen` the seen items
+    leave the ranking, the target stays), computed beside the scores instead of copying
+    ``[B, num_items]`` scores out (one per model and protocol, traced once)."""
+    key = f"_recops_ranker_{bool(exclude_seen)}"
+    rank = getattr(model, key, None)
+    if rank is None:
+        score = scorer(model)
+
+        @tf.function(input_signature=[_SPEC, _SPEC, _SPEC, tf.TensorSpec([None], tf.int64)],
+                     jit_compile=False)
+        def rank(items, timestamps, seen, targets):
+            s = score(items, timestamps)
+            rows = tf.range(tf.shape(s, out_type=tf.int64)[0])
+            at = tf.stack([rows, targets - 1], 1)
+            target = tf.gather_nd(s, at)
+            if exclude_seen:
+                gone = tf.stack([seen.value_rowids(), seen.flat_values - 1], 1)
+                s = tf.tensor_scatter_nd_update(
+                    s, gone, tf.fill(tf.shape(gone)[:1], tf.constant(-np.inf, s.dtype)))
+                s = tf.tensor_scatter_nd_update(s, at, target)
+            ids = tf.range(1, tf.shape(s, out_type=tf.int64)[1] + 1)
+            higher = tf.reduce_sum(tf.cast(s > target[:, None], tf.int64), 1)
+            tied = tf.reduce_sum(tf.cast((s == target[:, None]) & (ids[None, :] <
+                                                                  targets[:, None]),
+                                         tf.int64), 1)
+            return higher + tied
+
+        setattr(model, key, rank)
+    return rank
+
+
 def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=evaluation.KS):
     """HR@k, NDCG@k and MRR of `model` on each user's `which` ('valid' or 'test') target,
     ranking the whole catalogue from the state after the user's (truncated) history."""
@@ -250,14 +284,15 @@ def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=
     histories_in = _tail(histories, model.max_seq_len)
     stamps_in = _tail(stamps, model.max_seq_len)
     targets, _ = split.targets(which)
-    score = scorer(model)
+    if len(targets) and (targets.min() < 1 or targets.max() > model.num_items):
+        raise ValueError(f"targets must be item ids in 1..{model.num_items}")
+    rank = ranker(model, exclude_seen)
     out = []
     for first in range(0, len(targets), batch_size):
         part = slice(first, first + batch_size)
-        s = score(_ragged(histories_in[part]), _ragged(stamps_in[part])).numpy()
-        out.append(evaluation.ranks(s, targets[part],
-                                    histories[part] if exclude_seen else None))
-    return evaluation.metrics(np.concatenate(out), ks)
+        out.append(rank(_ragged(histories_in[part]), _ragged(stamps_in[part]),
+                        _ragged(histories[part]), tf.constant(targets[part])).numpy())
+    return evaluation.metrics(np.concatenate(out) if out else np.zeros(0, np.int64), ks)
 
 
 @dataclasses.dataclass
