@@ -446,6 +446,9 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
             keep_best()
         else:
             state.bad_validations.assign_add(1)
+        if not progress:  # without a bar, a line per validation
+            log(f"step {steps}: valid {config.validation_metric} {value:.4f} (best "
+                f"{float(state.best):.4f} at step {int(state.best_step)})")
         out_of_patience = (config.patience > 0 and steps >= config.min_steps
                            and int(state.bad_validations) >= config.patience)
         if out_of_patience:
