@@ -277,7 +277,7 @@ def _fitted_config(args, dataset):
         print("settings: every one given (flags, --config): nothing fitted")
     for field, reason in reasons.items():
         print(f"  {field} = {getattr(config, field)}: {reason}")
-    return config, {"profile": dataclasses.asdict(found),
+    return config, {"profile": found.to_json(),
                     "fitted": {f: {"value": getattr(config, f), "reason": r}
                                for f, r in reasons.items()}}, given
 

@@ -36,22 +36,33 @@ def test_profile_of_a_small_data_set_written_by_hand():
     assert found.markov_hr10 == rec.baselines(split, 4, "valid", False, ks=(10,))["markov"][
         "hr@10"]
     assert any("3 users, 4 items, 15 interactions" in line for line in found.lines())
+    assert found.positions(200) == pytest.approx((2 + 1 + 3) / 3)
+    assert "train_lengths" not in found.to_json() and found.to_json()["items"] == 4
 
 
 def _profile(**changes):
     values = dict(users=10_000, items=5_000, interactions=500_000,
                   length=dict(p10=5, p50=20, p90=80, p99=301, max=900), repeat_rate=0.0,
-                  markov_hr10=0.1, popularity_hr10=0.05)
+                  markov_hr10=0.1, popularity_hr10=0.05,
+                  train_lengths=np.array([1, 11, 21, 301]))  # 10, 20 and 200 positions
     values.update(changes)
     return prof.Profile(**values)
 
 
-def test_fit_chooses_the_loss_by_catalogue_size():
+def test_fit_chooses_the_loss_by_the_logits_of_a_step():
     config = rec.Config.from_preset("auto")
-    small, reasons = prof.fit(_profile(items=prof.FULL_SOFTMAX_MAX_ITEMS), config)
-    large, _ = prof.fit(_profile(items=prof.FULL_SOFTMAX_MAX_ITEMS + 1), config)
+    assert _profile().positions(200) == pytest.approx(230 / 3)  # a 1-item history reads none
+    assert _profile().positions(15) == pytest.approx(40 / 3)
+    # 128 histories a step of 230 / 3 positions each.
+    items = int(prof.FULL_SOFTMAX_MAX_LOGITS / (128 * 230 / 3))
+    small, reasons = prof.fit(_profile(items=items), config)
+    large, _ = prof.fit(_profile(items=items + 1), config)
     assert small.loss == "full" and large.loss == "sampled"
-    assert str(prof.FULL_SOFTMAX_MAX_ITEMS) in reasons["loss"]
+    assert "9,813 positions a step" in reasons["loss"] and "<= 30 M" in reasons["loss"]
+    # A shorter history given: fewer positions a step, the full softmax again.
+    short, _ = prof.fit(_profile(items=items + 1), rec.Config.from_preset(
+        "auto", max_seq_len=15), given={"max_seq_len"})
+    assert short.loss == "full"
 
 
 @pytest.mark.parametrize("p99,expected", [(301, 200), (9, 16), (3, 8), (40, 40), (41, 48)])
@@ -137,7 +148,7 @@ def test_cli_prints_the_profile_and_saves_the_fitted_settings(tmp_path):
         capture_output=True, text=True, env=_ENV, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "data profile:" in proc.stdout and "repeat rate" in proc.stdout
-    assert "loss = full: 40 items <= 50000" in proc.stdout
+    assert "loss = full: " in proc.stdout and "M logits <= 30 M" in proc.stdout
     assert "batch_size =" not in proc.stdout  # given: not fitted
     run = json.loads((out / "run.json").read_text())
     assert run["profile"]["users"] == 60 and run["profile"]["items"] == 40

@@ -9,9 +9,11 @@ reason; ``recops-tf train`` prints them and saves them in ``run.json``. NumPy on
 
 The rules (docs/quality.md has the measurements behind them):
 
-- **loss**: a softmax over the whole catalogue (``full``) while the catalogue has at most
-  `FULL_SOFTMAX_MAX_ITEMS` items, where its ``[positions, items]`` logits cost little next to
-  the encoder; above, a sampled softmax (its negatives per sequence).
+- **loss**: a softmax over the whole catalogue (``full``) while its logits, ``[positions of a
+  step, items]``, are at most `FULL_SOFTMAX_MAX_LOGITS`, where they cost little next to the
+  encoder (measured with tools/bench_recommender.py on a 2-core Xeon, 12,900 positions a step:
+  2,000 items, 26 M logits, a full-softmax step 2.7x the sampled one; 12,000 items, 155 M
+  logits, 15x); above, a sampled softmax (its negatives per sequence).
 - **history** (``max_seq_len``): the 99th percentile of the training histories' lengths,
   rounded up to a multiple of 8, at least 8 and at most `MAX_HISTORY` (the paper's 200).
 - **batch**: 128 histories, fewer for a small user base, so that an epoch is at least
@@ -31,7 +33,7 @@ from recops_tf.recommender import evaluation
 # The Config fields `fit` may set (the CLI's --help says "fitted to the data" for them).
 FITTED = ("loss", "max_seq_len", "batch_size", "eval_every", "patience", "min_steps",
           "max_steps", "epochs")
-FULL_SOFTMAX_MAX_ITEMS = 50_000
+FULL_SOFTMAX_MAX_LOGITS = 30_000_000
 MAX_HISTORY = 200
 MIN_STEPS_PER_EPOCH = 32
 MIN_EVAL_EVERY, MAX_EVAL_EVERY = 50, 1000
@@ -49,6 +51,20 @@ class Profile:
     repeat_rate: float  # share of interactions with an item already in the user's history
     markov_hr10: float  # Markov chain HR@10 on the validation targets, seen items kept
     popularity_hr10: float
+    # The training histories' lengths (not printed, not saved): positions a step at a history
+    # length (`positions`).
+    train_lengths: np.ndarray = dataclasses.field(default=None, repr=False, compare=False)
+
+    def positions(self, max_seq_len):
+        """The mean number of predicted positions of a training history read at most
+        `max_seq_len` items at a time."""
+        lengths = self.train_lengths[self.train_lengths >= 2]
+        return float(np.minimum(lengths - 1, max_seq_len).mean()) if len(lengths) else 0.0
+
+    def to_json(self):
+        """The profile as ``run.json`` saves it."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "train_lengths"}
 
     def lines(self):
         """The profile as printed by ``recops-tf train``."""
@@ -77,7 +93,7 @@ def profile(dataset, split=None):
     return Profile(users=dataset.num_users, items=dataset.num_items, interactions=interactions,
                    length=pct, repeat_rate=repeats / max(interactions, 1),
                    markov_hr10=base["markov"]["hr@10"],
-                   popularity_hr10=base["popularity"]["hr@10"])
+                   popularity_hr10=base["popularity"]["hr@10"], train_lengths=lengths)
 
 
 def fit(prof, config, given=()):
@@ -93,12 +109,6 @@ def fit(prof, config, given=()):
             chosen[field] = value
             reasons[field] = reason
 
-    if prof.items <= FULL_SOFTMAX_MAX_ITEMS:
-        choose("loss", "full", f"{prof.items} items <= {FULL_SOFTMAX_MAX_ITEMS}: a softmax over "
-               f"the whole catalogue costs little")
-    else:
-        choose("loss", "sampled", f"{prof.items} items > {FULL_SOFTMAX_MAX_ITEMS}: a sampled "
-               f"softmax, {config.num_negatives} negatives per sequence")
     history = min(MAX_HISTORY, max(8, 8 * math.ceil(prof.length["p99"] / 8)))
     choose("max_seq_len", history, f"99% of the training histories have at most "
            f"{prof.length['p99']} items (at most {MAX_HISTORY})")
@@ -109,6 +119,17 @@ def fit(prof, config, given=()):
            f"epoch (128 histories a step, fewer below {MIN_STEPS_PER_EPOCH} steps an epoch)")
     batch = chosen.get("batch_size", config.batch_size)
     steps_per_epoch = math.ceil(prof.users / batch)
+    history = chosen.get("max_seq_len", config.max_seq_len)
+    positions = batch * prof.positions(history)
+    logits = positions * prof.items
+    size = (f"{positions:,.0f} positions a step x {prof.items:,} items = "
+            f"{logits / 1e6:,.1f} M logits")
+    if logits <= FULL_SOFTMAX_MAX_LOGITS:
+        choose("loss", "full", f"{size} <= {FULL_SOFTMAX_MAX_LOGITS / 1e6:.0f} M: a softmax "
+               f"over the whole catalogue costs little")
+    else:
+        choose("loss", "sampled", f"{size} > {FULL_SOFTMAX_MAX_LOGITS / 1e6:.0f} M: a sampled "
+               f"softmax, {config.num_negatives} negatives per sequence")
     every = min(MAX_EVAL_EVERY, max(MIN_EVAL_EVERY, steps_per_epoch))
     choose("eval_every", every, f"validation every {every} steps (an epoch is "
            f"{steps_per_epoch} steps; within [{MIN_EVAL_EVERY}, {MAX_EVAL_EVERY}])")
