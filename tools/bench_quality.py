@@ -45,6 +45,8 @@ def _protocol(result, exclude):
 
 
 def _cell(values, digits=4):
+    if any(v is None for v in values):  # a run from before the metric was reported
+        return "n/a"
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
@@ -66,11 +68,14 @@ def table(rows):
                 f"{statistics.mean(m['hr@10'] for m in model) / markov[0]['hr@10']:.2f}x / "
                 f"{statistics.mean(m['ndcg@10'] for m in model) / markov[0]['ndcg@10']:.2f}x")
         kept = [_protocol(r, False)[0] for r in results]
-        cells += [_cell([m[k] for m in kept]) for k in ("hr@5", "ndcg@5", "hr@20", "ndcg@20")]
+        cells += [_cell([m.get(k) for m in kept]) for k in ("hr@5", "ndcg@5", "hr@20",
+                                                              "ndcg@20")]
         per_epoch = [r["train_seconds"] / max(r["steps"], 1) * r["steps_per_epoch"]
-                     for r in results]
-        out.append(f"| {data} | {name} ({len(results)} seeds) | " + " | ".join(cells) +
-                   f" | {'; '.join(ratios)} | {statistics.mean(per_epoch):.1f} |")
+                     for r in results if "steps_per_epoch" in r]
+        seeds = f"{len(results)} seed{'s' if len(results) > 1 else ''}"
+        out.append(f"| {data} | {name} ({seeds}) | " + " | ".join(cells) +
+                   f" | {'; '.join(ratios)} | "
+                   f"{f'{statistics.mean(per_epoch):.1f}' if per_epoch else 'n/a'} |")
     done = set()
     for (data, _), results in rows.items():
         if data in done:
@@ -82,7 +87,8 @@ def table(rows):
                 m = _protocol(results[0], exclude)[1][base]
                 cells += [f"{m['hr@10']:.4f}", f"{m['ndcg@10']:.4f}"]
             m = _protocol(results[0], False)[1][base]
-            cells += [f"{m[k]:.4f}" for k in ("hr@5", "ndcg@5", "hr@20", "ndcg@20")]
+            cells += [f"{m[k]:.4f}" if k in m else "n/a" for k in ("hr@5", "ndcg@5", "hr@20",
+                                                                   "ndcg@20")]
             out.append(f"| {data} | {base} | " + " | ".join(cells) + " | | |")
     return "\n".join(out)
 
