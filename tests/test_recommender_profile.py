@@ -72,6 +72,19 @@ def test_fit_takes_the_history_from_the_length_distribution(p99, expected):
     assert fitted.max_seq_len == expected
 
 
+def test_fit_takes_more_dropout_on_short_sparse_histories():
+    config = rec.Config.from_preset("auto")
+    sparse, reasons = prof.fit(_profile(length=dict(p10=2, p50=prof.SPARSE_MEDIAN_HISTORY,
+                                                    p90=30, p99=60, max=99)), config)
+    dense, _ = prof.fit(_profile(length=dict(p10=20, p50=prof.SPARSE_MEDIAN_HISTORY + 1,
+                                             p90=90, p99=300, max=999)), config)
+    assert (sparse.dropout_rate, dense.dropout_rate) == (0.5, 0.2)
+    assert "median history has 20 items" in reasons["dropout_rate"]
+    given, _ = prof.fit(_profile(), rec.Config.from_preset("auto", dropout_rate=0.1),
+                        given={"dropout_rate"})
+    assert given.dropout_rate == 0.1
+
+
 def test_fit_schedule_is_counted_in_steps():
     config = rec.Config.from_preset("auto")
     big, _ = prof.fit(_profile(users=100_000), config)

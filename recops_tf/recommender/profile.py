@@ -16,6 +16,10 @@ The rules (docs/quality.md has the measurements behind them):
   logits, 15x); above, a sampled softmax (its negatives per sequence).
 - **history** (``max_seq_len``): the 99th percentile of the training histories' lengths,
   rounded up to a multiple of 8, at least 8 and at most `MAX_HISTORY` (the paper's 200).
+- **dropout**: `SPARSE_DROPOUT` where the median training history has at most
+  `SPARSE_MEDIAN_HISTORY` items (short, sparse histories overfit), `DENSE_DROPOUT` (the
+  paper's) above: SASRec's own recipe (0.5 on the Amazon and Steam sets, 0.2 on MovieLens-1M),
+  measured again here on Amazon Beauty (docs/quality.md).
 - **batch**: 128 histories, fewer for a small user base, so that an epoch is at least
   `MIN_STEPS_PER_EPOCH` steps (not below 32 histories).
 - **schedule, in optimizer steps**: validation every `eval_every` steps (about an epoch, within
@@ -32,8 +36,10 @@ from recops_tf.recommender import evaluation
 
 # The Config fields `fit` may set (the CLI's --help says "fitted to the data" for them).
 FITTED = ("loss", "max_seq_len", "batch_size", "eval_every", "patience", "min_steps",
-          "max_steps", "epochs")
+          "max_steps", "epochs", "dropout_rate")
 FULL_SOFTMAX_MAX_LOGITS = 30_000_000
+SPARSE_MEDIAN_HISTORY = 20
+SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
 MAX_HISTORY = 200
 MIN_STEPS_PER_EPOCH = 32
 MIN_EVAL_EVERY, MAX_EVAL_EVERY = 50, 1000
@@ -109,6 +115,13 @@ def fit(prof, config, given=()):
             chosen[field] = value
             reasons[field] = reason
 
+    median = prof.length["p50"]
+    if median <= SPARSE_MEDIAN_HISTORY:
+        choose("dropout_rate", SPARSE_DROPOUT, f"the median history has {median} items <= "
+               f"{SPARSE_MEDIAN_HISTORY}: short, sparse histories, more dropout")
+    else:
+        choose("dropout_rate", DENSE_DROPOUT, f"the median history has {median} items > "
+               f"{SPARSE_MEDIAN_HISTORY}: the paper's dropout")
     history = min(MAX_HISTORY, max(8, 8 * math.ceil(prof.length["p99"] / 8)))
     choose("max_seq_len", history, f"99% of the training histories have at most "
            f"{prof.length['p99']} items (at most {MAX_HISTORY})")
