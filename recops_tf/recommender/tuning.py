@@ -90,7 +90,7 @@ def estimate_seconds(dataset, base, probe_steps=30, train=None):
     train = train or rec.train
     probe = dataclasses.replace(base, max_steps=probe_steps, epochs=0, eval_every=probe_steps,
                                 patience=0, min_steps=0)
-    result = train(dataset, probe, progress=False)
+    result = train(dataset, probe, progress=False, log=lambda *a: None)
     per_step = (result.train_seconds - result.first_step_seconds) / max(result.steps - 1, 1)
     steps_per_epoch = math.ceil(dataset.num_users / base.batch_size)
     every = base.eval_every or steps_per_epoch
