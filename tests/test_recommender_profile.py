@@ -177,3 +177,18 @@ def test_cli_prints_the_profile_and_saves_the_fitted_settings(tmp_path):
         capture_output=True, text=True, env=_ENV, timeout=600)
     assert paper.returncode == 0, paper.stderr[-2000:]
     assert "data profile:" not in paper.stdout and "sampled softmax" in paper.stdout
+
+
+def test_on_validation_stops_a_run_and_keeps_the_best():
+    data = rec.synthetic(num_users=64, num_items=30, seed=1)
+    seen = []
+
+    def stop_at_third(step, value):
+        seen.append((step, value))
+        return len(seen) == 3
+
+    result = rec.train(data, _tiny(eval_every=4, patience=0, max_steps=40), progress=False,
+                       on_validation=stop_at_third)
+    assert [s for s, _ in seen] == [4, 8, 12] and result.steps == 12
+    assert [h["step"] for h in result.validation] == [4, 8, 12]
+    assert result.best_step == max(seen, key=lambda sv: sv[1])[0]

@@ -345,10 +345,14 @@ class _State(tf.Module):
 
 
 def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progress=True,
-          log=print):
+          log=print, on_validation=None):
     """Trains `config`'s model on `dataset`'s leave-one-out training part, validating every
-    epoch (early stopping on ``config.validation_metric``, the best epoch kept), and returns a
+    ``config.eval_every`` steps or every epoch (early stopping on
+    ``config.validation_metric``, the best validation's weights kept), and returns a
     ``Result`` with the test metrics next to the baselines.
+
+    ``on_validation(step, value)``: called after each validation; a true answer stops the run
+    there (a tuner's pruning), the best validation's weights still kept and tested.
 
     ``checkpoint_dir``: a checkpoint every epoch (and every ``config.checkpoint_every``
     steps) of the model (the growing table and its optimizer slots included), the optimizer,
@@ -454,6 +458,9 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         if out_of_patience:
             log(f"early stop at step {steps}: no better validation {config.validation_metric} "
                 f"for {config.patience} validations")
+        elif on_validation is not None and on_validation(steps, value):
+            log(f"stopped at step {steps} by on_validation")
+            out_of_patience = True
         return value, out_of_patience
 
     stopped = False

@@ -7,7 +7,10 @@ defaults the first trial, and its SQLite storage keeps every finished trial, so 
 killed at any point resumes by running the same command again.
 
 Every trial trains on the training part of the leave-one-out split and is scored by its best
-validation metric (``config.validation_metric``); the test targets choose nothing. The first
+validation metric (``config.validation_metric``); the test targets choose nothing. A trial
+whose validation curve falls below the median of the finished trials' at the same step (after
+``min_steps / 4`` steps) is pruned there (Optuna's MedianPruner), so that a budget tries more
+settings; a pruned trial counts as run. The first
 trial is the defaults (the settings ``profile.fit`` chose, or the flags given), so the best
 validation metric found is never below theirs. ``DIR/best.json`` holds the best trial's
 ``Config`` fields, which ``recops-tf train --config DIR/best.json`` reads.
@@ -103,13 +106,14 @@ def estimate_seconds(dataset, base, probe_steps=30, train=None):
     return result.first_step_seconds + per_step * steps + validations * result.validation_seconds
 
 
-def _open(out_dir):
+def _open(out_dir, warmup_steps=0):
     optuna = _optuna()
     os.makedirs(out_dir, exist_ok=True)
     storage = f"sqlite:///{os.path.abspath(os.path.join(out_dir, 'study.db'))}"
     sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=5)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=warmup_steps)
     study = optuna.create_study(study_name=STUDY, storage=storage, direction="maximize",
-                                sampler=sampler, load_if_exists=True)
+                                sampler=sampler, pruner=pruner, load_if_exists=True)
     return optuna, study
 
 
@@ -127,8 +131,9 @@ def tune(dataset, base, out_dir, trials=20, budget_minutes=0.0, given=(), log=pr
         raise TuneError(f"--budget-minutes must be positive, got {budget_minutes}")
     fields = searched(given)
     first = defaults_of(base, fields)
-    optuna, study = _open(out_dir)
+    optuna, study = _open(out_dir, warmup_steps=base.min_steps // 4)
     state = optuna.trial.TrialState
+    ran = (state.COMPLETE, state.PRUNED)
     meta = {"data": dataset.source, "base": dataclasses.asdict(base), "fields": fields}
     saved = study.user_attrs.get("meta")
     if saved is not None and saved != meta:
@@ -137,7 +142,7 @@ def tune(dataset, base, out_dir, trials=20, budget_minutes=0.0, given=(), log=pr
     for stale in study.get_trials(deepcopy=False, states=(state.RUNNING,)):
         study.tell(stale.number, state=state.FAIL)  # a killed run's trial: run again below
         log(f"trial {stale.number} was cut short (killed): it does not count")
-    done = study.get_trials(deepcopy=False, states=(state.COMPLETE,))
+    done = study.get_trials(deepcopy=False, states=ran)
     if not any(t.user_attrs.get("defaults") for t in done) and not study.get_trials(
             deepcopy=False, states=(state.WAITING,)):
         study.enqueue_trial(first, user_attrs={"defaults": True})
@@ -160,21 +165,35 @@ def tune(dataset, base, out_dir, trials=20, budget_minutes=0.0, given=(), log=pr
         trial = study.ask()
         config = suggest(trial, base, fields)
         began = time.perf_counter()
-        result = train(dataset, config, progress=False, log=lambda *a: None)
+        pruned = []
+
+        def report(step, value, trial=trial):
+            trial.report(value, step)
+            if not trial.user_attrs.get("defaults") and trial.should_prune():
+                pruned.append(step)
+                return True
+            return False
+
+        result = train(dataset, config, progress=False, log=lambda *a: None,
+                       on_validation=report)
         seconds = time.perf_counter() - began
         value = max(h[metric] for h in result.validation)
         trial.set_user_attr("seconds", seconds)
         trial.set_user_attr("steps", result.steps)
         trial.set_user_attr("best_step", result.best_step)
-        study.tell(trial, value)
+        if pruned:
+            study.tell(trial, state=state.PRUNED)
+        else:
+            study.tell(trial, value)
         durations.append(seconds)
-        done = study.get_trials(deepcopy=False, states=(state.COMPLETE,))
+        done = study.get_trials(deepcopy=False, states=ran)
         best = study.best_trial
         params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         tag = " (the defaults)" if trial.user_attrs.get("defaults") else ""
-        log(f"trial {trial.number}{tag} [{len(done)}/{trials}]: valid {metric} {value:.4f} "
-            f"in {seconds:.0f} s, {result.steps} steps; best {best.value:.4f} (trial "
-            f"{best.number}) | {params}")
+        outcome = (f"pruned at step {pruned[0]} (valid {metric} {value:.4f})" if pruned else
+                   f"valid {metric} {value:.4f}")
+        log(f"trial {trial.number}{tag} [{len(done)}/{trials}]: {outcome} in {seconds:.0f} s, "
+            f"{result.steps} steps; best {best.value:.4f} (trial {best.number}) | {params}")
     return _report(study, base, fields, metric, out_dir, dataset, log, optuna)
 
 
@@ -183,19 +202,23 @@ def _short(value):
 
 
 def _report(study, base, fields, metric, out_dir, dataset, log, optuna):
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not complete:
+    state = optuna.trial.TrialState
+    if not study.get_trials(deepcopy=False, states=(state.COMPLETE,)):
         raise TuneError("no trial completed")
+    ran = study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED))
     records = sorted(({"trial": t.number, "defaults": bool(t.user_attrs.get("defaults")),
-                       f"valid {metric}": t.value, "steps": t.user_attrs["steps"],
+                       "pruned": t.state == state.PRUNED,
+                       f"valid {metric}": (t.value if t.state == state.COMPLETE else
+                                           max(t.intermediate_values.values())),
+                       "steps": t.user_attrs["steps"],
                        "seconds": round(t.user_attrs["seconds"], 1), **t.params}
-                      for t in complete), key=lambda r: -r[f"valid {metric}"])
+                      for t in ran), key=lambda r: -r[f"valid {metric}"])
     columns = ["trial", f"valid {metric}", "steps", "seconds"] + fields
     width = {c: max(len(c), *(len(_short(r[c])) for r in records)) for c in columns}
     log("results (best first):")
     log("  " + "  ".join(c.rjust(width[c]) for c in columns))
     for r in records:
-        mark = " <- the defaults" if r["defaults"] else ""
+        mark = " <- the defaults" if r["defaults"] else " (pruned)" if r["pruned"] else ""
         log("  " + "  ".join(_short(r[c]).rjust(width[c]) for c in columns) + mark)
     best = study.best_trial
     config = dataclasses.asdict(suggest(optuna.trial.FixedTrial(best.params), base, fields))
