@@ -214,12 +214,13 @@ def _report(study, base, fields, metric, out_dir, dataset, log, optuna):
                        "seconds": round(t.user_attrs["seconds"], 1), **t.params}
                       for t in ran), key=lambda r: -r[f"valid {metric}"])
     columns = ["trial", f"valid {metric}", "steps", "seconds"] + fields
-    width = {c: max(len(c), *(len(_short(r[c])) for r in records)) for c in columns}
+    shown = lambda r, c: f"{r[c]:.4f}" if c == f"valid {metric}" else _short(r[c])
+    width = {c: max(len(c), *(len(shown(r, c)) for r in records)) for c in columns}
     log("results (best first):")
     log("  " + "  ".join(c.rjust(width[c]) for c in columns))
     for r in records:
         mark = " <- the defaults" if r["defaults"] else " (pruned)" if r["pruned"] else ""
-        log("  " + "  ".join(_short(r[c]).rjust(width[c]) for c in columns) + mark)
+        log("  " + "  ".join(shown(r, c).rjust(width[c]) for c in columns) + mark)
     best = study.best_trial
     config = dataclasses.asdict(suggest(optuna.trial.FixedTrial(best.params), base, fields))
     with open(os.path.join(out_dir, "best.json"), "w") as f:
