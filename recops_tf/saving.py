@@ -98,21 +98,27 @@ def export(model, filepath, input_signature=None, *, verbose=False):
 
     serve_flat = tf.function(serve_flat, input_signature=signature, autograph=False,
                              jit_compile=False)
-    root = tf.Module()
+    root = tracked_root(model)
     setattr(root, SERVE, serve)
     setattr(root, SERVING_DEFAULT, serve_flat)
     concrete = serve_flat.get_concrete_function()
-    # What the functions capture must be reachable from the root: the model's variables (as
-    # keras.export.ExportArchive tracks them) and the TF resources its layers own (tables).
-    root.model_variables = list(model.variables)
-    root.model_resources = [t for t in tf.train.TrackableView(model).descendants()
-                            if isinstance(t, tf.saved_model.experimental.TrackableResource)]
     tf.saved_model.save(root, filepath, signatures={SERVING_DEFAULT: concrete})
     if verbose:
         print(f"Saved '{filepath}':\n* function '{SERVE}': {input_signature}\n"
               f"* signature '{SERVING_DEFAULT}': inputs {[s.name for s in signature]}, "
               f"outputs {sorted(concrete.structured_outputs)}")
     return filepath
+
+
+def tracked_root(model):
+    """A ``tf.Module`` to save functions of ``model`` from: what they capture is reachable
+    from it, the model's variables (as ``keras.export.ExportArchive`` tracks them) and the TF
+    resources its layers own (``DynamicEmbedding`` tables)."""
+    root = tf.Module()
+    root.model_variables = list(model.variables)
+    root.model_resources = [t for t in tf.train.TrackableView(model).descendants()
+                            if isinstance(t, tf.saved_model.experimental.TrackableResource)]
+    return root
 
 
 def _functional_inputs(model):

@@ -142,6 +142,49 @@ class HSTUBlock(keras.layers.Layer):
             self.step.assign_add(1)
         return rows + tf.matmul(y, cast(self.out_kernel)) + cast(self.out_bias)
 
+    def extend(self, rows, past_keys, past_values, timestamps=None):
+        """Incremental inference with a key/value cache, for one sequence.
+
+        ``rows`` ``[n, d_model]`` are the inputs of the sequence's next n tokens; its first P
+        tokens are summarised by their keys ``past_keys`` ``[P, num_heads * head_dim]`` and
+        values ``past_values`` ``[P, num_heads * value_dim]`` (what earlier calls returned);
+        ``timestamps`` ``[P + n]`` are those of all tokens (with a time bias). Returns
+        ``(out, keys, values)``: the block's ``[n, d_model]`` outputs of the new tokens and
+        their keys and values. ``out`` equals rows P.. of ``call`` on the whole sequence
+        (while P + n <= max_seq_len) at O(n (P + n)) attention cost instead of O((P + n)^2):
+        the new queries attend the cached keys ("delta" attention, same kernel, same fused
+        relative bias). Inference only (no dropout); the Rec SDK's causal mask only.
+        """
+        if self.gr_mask is not None or self.mask_type != "causal" or self.target_group_size:
+            raise ValueError("HSTUBlock.extend supports the plain causal mask only")
+        if not self.built:
+            self.build(rows.shape)
+        rows = tf.cast(rows, self.compute_dtype)  # as __call__ autocasts its inputs
+        dtype = rows.dtype
+        cast = lambda w: tf.cast(w, dtype)  # noqa: E731
+        n, dq, dv = self.num_heads, self.head_dim, self.value_dim
+        kernel = "fused" if self.use_fused else "reference"
+        u, v, q, k = in_linear_silu(self.input_norm(rows), cast(self.uvqk_kernel),
+                                    cast(self.uvqk_bias), self._splits, weight_layout="kn",
+                                    kernel=kernel)
+        keys = tf.concat([tf.cast(past_keys, dtype), k], 0)
+        values = tf.concat([tf.cast(past_values, dtype), v], 0)
+        zero = tf.zeros([1], tf.int64)
+        attn_kw = dict(seq_offsets=tf.concat([zero, tf.shape(rows, out_type=tf.int64)[:1]], 0),
+                       seq_offsets_k=tf.concat([zero, tf.shape(keys, out_type=tf.int64)[:1]], 0),
+                       max_seq_len=self.max_seq_len, max_seq_len_k=self.max_seq_len,
+                       alpha=self.alpha, silu_scale=self.silu_scale, mask_type="causal",
+                       kernel=kernel)
+        if self.relative_bias is not None:
+            attn_kw.update(self.relative_bias.attention_kwargs(timestamps, dtype))
+        attn = hstu_attention(tf.reshape(q, [-1, n, dq]), tf.reshape(keys, [-1, n, dq]),
+                              tf.reshape(values, [-1, n, dv]), **attn_kw)
+        seed = tf.stack([tf.constant(self.seed, tf.int64), tf.identity(self.step)])
+        y = norm_multiply_dropout(tf.reshape(attn, [-1, n * dv]), u, cast(self.norm_weight),
+                                  cast(self.norm_bias), epsilon=self.epsilon, dropout_rate=0.0,
+                                  seed=seed, kernel=kernel)
+        return rows + tf.matmul(y, cast(self.out_kernel)) + cast(self.out_bias), k, v
+
     def call(self, inputs, timestamps=None, num_targets=None, training=None, lengths=None):
         training = bool(training)
         if self.relative_bias is None and timestamps is not None:

@@ -6,8 +6,8 @@ from recops_tf.recommender.data import Dataset, DataError, load
 from recops_tf.recommender.synthetic import synthetic
 from recops_tf.recommender.evaluation import MarkovChain, Split, baselines, metrics, ranks
 from recops_tf.recommender.model import GenerativeRecommender
-from recops_tf.recommender.training import (PRESETS, Config, Result, evaluate, export,
-                                         recommend, train)
+from recops_tf.recommender.training import PRESETS, Config, Result, evaluate, train
+from recops_tf.recommender.exporting import export, recommend
 
 __all__ = ["Dataset", "DataError", "load", "synthetic", "Split", "ranks", "metrics",
            "baselines", "MarkovChain", "GenerativeRecommender", "PRESETS", "Config", "Result",

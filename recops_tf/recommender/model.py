@@ -160,6 +160,47 @@ class GenerativeRecommender(keras.Model):
             states = tf.cast(self.final_norm(states), tf.float32)
         return items.with_flat_values(states)
 
+    # -- incremental inference (a user's key/value cache) ---------------------------------
+    @property
+    def cache_width(self):
+        """Width of a token's cache row: every block's keys then values (HSTU only)."""
+        if self.encoder != "hstu":
+            raise ValueError("a key/value cache needs encoder='hstu' (SASRec's stock "
+                             "MultiHeadAttention has no incremental path)")
+        return self.num_blocks * self.num_heads * 2 * self.head_dim
+
+    def extend(self, items, timestamps, past, past_timestamps):
+        """Encodes one user's new events against the cache of the earlier ones.
+
+        Args:
+          items, timestamps: ``[n]`` int64, the new events (n >= 1).
+          past: ``[P, cache_width]`` in the compute dtype: the cache rows of the P earlier
+            events (``[0, cache_width]`` for none), as earlier calls returned them.
+          past_timestamps: ``[P]`` int64.
+
+        Returns:
+          ``(rows, state)``: the new events' ``[n, cache_width]`` cache rows and the ``[d_model]``
+          user state after the last one; ``state`` equals ``last_states`` of the whole history
+          while ``P + n <= max_seq_len`` (positions are absolute: a longer history must be
+          re-encoded from its last ``max_seq_len`` events, as the full model reads it).
+        """
+        width = self.cache_width
+        compute = self.compute_dtype
+        p = tf.shape(past)[0]
+        x = tf.cast(self._raw_embed(items, False), compute) * (self.d_model ** 0.5)
+        x += tf.cast(self.positions(p + tf.range(tf.size(items))), compute)
+        ts = tf.concat([past_timestamps, timestamps], 0) if self.relative_bias else None
+        hk = self.num_heads * self.head_dim
+        past = tf.reshape(tf.cast(past, compute), [-1, self.num_blocks, 2 * hk])
+        rows = []
+        for b, block in enumerate(self.blocks):
+            x, k, v = block.extend(x, past[:, b, :hk], past[:, b, hk:], ts)
+            rows += [k, v]
+        state = tf.cast(x[-1], tf.float32)
+        state = tf.math.l2_normalize(state, epsilon=1e-12) if self.l2_norm else \
+            tf.cast(self.final_norm(state[None])[0], tf.float32)
+        return tf.reshape(tf.concat(rows, 1), [-1, width]), state
+
     # -- the retrieval head -----------------------------------------------------------------
     def item_matrix(self, training=None):
         """``[num_items, d_model]`` head embeddings of items 1..num_items."""

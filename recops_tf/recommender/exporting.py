@@ -1,0 +1,203 @@
+"""Export of a trained recommender for serving, and ``recommend`` from an export.
+
+``export`` writes ``out_dir/saved_model``, a SavedModel that needs only ``import recops_tf``
+(for its ops) to load, with:
+
+* the signature ``serving_default`` (TF Serving's, batchable): ``items`` and ``timestamps``
+  ``[B, S]`` int64, each row a user's history, oldest first, padded at the end with 0 (item
+  id 0 is never an item); outputs ``items`` ``[B, K]`` int64 and ``scores`` ``[B, K]`` float32,
+  the top K = ``min(serve_k, num_items)`` items of each row, best first;
+* the signature ``recommend``: one user, ``items`` / ``timestamps`` ``[L]``, ``k`` (scalar
+  int32): ``items`` / ``scores`` ``[k]``;
+* the functions (not signatures) of the user-state cache that ``recops-tf serve`` keeps
+  (HSTU only): ``extend(items, timestamps, past, past_timestamps)`` (``GenerativeRecommender
+  .extend``: the new events' cache rows and the user state), ``top_k(state, seen, k,
+  exclude_seen)``, ``score_items(state, seen, candidates)`` and ``user_state(items,
+  timestamps)`` (the state of a whole history: the full recompute, every encoder);
+
+and beside it ``model.keras``, ``items.txt`` (the data's name of item id i on line i) and
+``info.json`` (catalogue, history length, encoder, cache width, metrics).
+
+Histories longer than the model's ``max_seq_len`` are read from their last ``max_seq_len``
+events, as in training. Item ids outside ``1..num_items``, a history without items, padding
+before an item, or timestamps of another shape are refused (``InvalidArgumentError``).
+"""
+import json
+import os
+import time
+
+import tensorflow as tf
+
+from recops_tf.recommender.model import last_states
+from recops_tf.saving import tracked_root
+
+SERVE_K = 100  # outputs of serving_default per row (or the catalogue, if smaller)
+
+
+def _check_ids(model, items, what="items"):
+    return [tf.debugging.assert_positive(items, message=f"{what}: item ids start at 1"),
+            tf.debugging.assert_less_equal(items, tf.constant(model.num_items, tf.int64),
+                                           message=f"{what}: an item id is past the catalogue "
+                                           f"(1..{model.num_items})")]
+
+
+def _top_k(model, states, seen, k, exclude_seen):
+    """Top-k ``(items, scores)`` of ``[N, d]`` states, ``seen`` the ragged items they read."""
+    scores = model.scores(states, seen=seen)
+    if exclude_seen is not None:
+        idx = tf.stack([seen.value_rowids(), seen.flat_values - 1], 1)
+        mask = tf.scatter_nd(idx, tf.ones_like(seen.flat_values, tf.bool),
+                             tf.shape(scores, out_type=tf.int64))
+        scores = tf.where(mask & exclude_seen, tf.constant(-float("inf"), scores.dtype), scores)
+    best = tf.math.top_k(scores, tf.minimum(k, tf.shape(scores)[1]))
+    return tf.cast(best.indices, tf.int64) + 1, best.values
+
+
+def _functions(model, serve_k):
+    """The SavedModel's signatures and functions, as tf.functions on `model`."""
+    length = model.max_seq_len
+    k_out = min(serve_k, model.num_items)
+    vec = lambda name, dtype=tf.int64: tf.TensorSpec([None], dtype, name=name)  # noqa: E731
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int64, name="items"),
+                                  tf.TensorSpec([None, None], tf.int64, name="timestamps")])
+    def serving_default(items, timestamps):
+        present = items > 0
+        lengths = tf.reduce_sum(tf.cast(present, tf.int64), 1)
+        checks = _check_ids(model, tf.boolean_mask(items, present)) + [
+            tf.debugging.assert_non_negative(items, message="items: ids are >= 0 (0: padding)"),
+            tf.debugging.assert_equal(tf.shape(timestamps), tf.shape(items),
+                                      message="timestamps must have the shape of items"),
+            tf.debugging.assert_positive(lengths, message="every row needs at least one item"),
+            tf.debugging.assert_equal(present, tf.sequence_mask(lengths, tf.shape(items)[1]),
+                                      message="items: the padding (0) must follow a row's "
+                                      "items")]
+        with tf.control_dependencies(checks):
+            seqs = tf.RaggedTensor.from_tensor(items, lengths=lengths)[:, -length:]
+            ts = tf.RaggedTensor.from_tensor(timestamps, lengths=lengths)[:, -length:]
+        states = last_states(model, seqs, ts)
+        top, scores = _top_k(model, states, seqs, k_out, None)
+        return {"items": top, "scores": scores}
+
+    @tf.function(input_signature=[vec("items"), vec("timestamps"),
+                                  tf.TensorSpec([], tf.int32, name="k")])
+    def recommend(items, timestamps, k):
+        checks = _check_ids(model, items) + [
+            tf.debugging.assert_positive(tf.size(items), message="the history has no items"),
+            tf.debugging.assert_equal(tf.size(timestamps), tf.size(items),
+                                      message="history and timestamps differ in length"),
+            tf.debugging.assert_positive(k, message="k must be positive")]
+        with tf.control_dependencies(checks):
+            items, timestamps = items[-length:], timestamps[-length:]
+        rows = tf.size(items, out_type=tf.int64)[None]
+        seqs = tf.RaggedTensor.from_row_lengths(items, rows)
+        states = last_states(model, seqs, tf.RaggedTensor.from_row_lengths(timestamps, rows))
+        top, scores = _top_k(model, states, seqs, k, None)
+        return {"items": top[0], "scores": scores[0]}
+
+    functions = {"serving_default": serving_default, "recommend": recommend}
+    seen_spec = vec("seen")
+    state_spec = tf.TensorSpec([model.d_model], tf.float32, name="state")
+
+    @tf.function(input_signature=[state_spec, seen_spec, tf.TensorSpec([], tf.int32, name="k"),
+                                  tf.TensorSpec([], tf.bool, name="exclude_seen")])
+    def top_k(state, seen, k, exclude_seen):
+        with tf.control_dependencies(_check_ids(model, seen, "seen")):
+            seen = tf.RaggedTensor.from_row_lengths(seen, tf.size(seen, out_type=tf.int64)[None])
+        top, scores = _top_k(model, state[None], seen, k, exclude_seen)
+        return {"items": top[0], "scores": scores[0]}
+
+    @tf.function(input_signature=[state_spec, seen_spec, vec("candidates")])
+    def score_items(state, seen, candidates):
+        with tf.control_dependencies(_check_ids(model, seen, "seen") +
+                                     _check_ids(model, candidates, "candidates")):
+            logits = tf.reduce_sum(model.item_embeddings(candidates) * state, -1)
+        logits /= model.temperature
+        if model.seen_bias:
+            hit = tf.reduce_any(tf.equal(candidates[:, None], seen[None, :]), 1)
+            logits += tf.cast(model.seen_logit, tf.float32) * tf.cast(hit, tf.float32)
+        return {"scores": logits}
+
+    @tf.function(input_signature=[vec("items"), vec("timestamps")])
+    def user_state(items, timestamps):
+        checks = _check_ids(model, items) + [
+            tf.debugging.assert_positive(tf.size(items), message="the history has no items"),
+            tf.debugging.assert_equal(tf.size(timestamps), tf.size(items),
+                                      message="items and timestamps differ in length")]
+        with tf.control_dependencies(checks):
+            rows = tf.size(items[-length:], out_type=tf.int64)[None]
+        return {"state": last_states(
+            model, tf.RaggedTensor.from_row_lengths(items[-length:], rows),
+            tf.RaggedTensor.from_row_lengths(timestamps[-length:], rows))[0]}
+
+    functions.update(top_k=top_k, score_items=score_items, user_state=user_state)
+    if model.encoder == "hstu":
+        @tf.function(input_signature=[
+            vec("items"), vec("timestamps"),
+            tf.TensorSpec([None, model.cache_width], model.compute_dtype, name="past"),
+            vec("past_timestamps")])
+        def extend(items, timestamps, past, past_timestamps):
+            checks = _check_ids(model, items) + [
+                tf.debugging.assert_positive(tf.size(items), message="no new events"),
+                tf.debugging.assert_equal(tf.size(timestamps), tf.size(items),
+                                          message="items and timestamps differ in length"),
+                tf.debugging.assert_equal(tf.size(past_timestamps), tf.shape(past)[0],
+                                          message="past and past_timestamps differ in length"),
+                tf.debugging.assert_less_equal(
+                    tf.size(items) + tf.shape(past)[0], length,
+                    message=f"a cached history holds at most {length} events")]
+            with tf.control_dependencies(checks):
+                rows, state = model.extend(items, timestamps, past, past_timestamps)
+            return {"rows": rows, "state": state}
+
+        functions["extend"] = extend
+    return functions
+
+
+SIGNATURES = ("serving_default", "recommend")
+
+
+def export(model, dataset, out_dir, metrics=None, serve_k=SERVE_K):
+    """Writes ``out_dir/saved_model`` (see the module docstring), ``out_dir/model.keras``,
+    ``out_dir/items.txt`` and ``out_dir/info.json``; returns the SavedModel's path."""
+    os.makedirs(out_dir, exist_ok=True)
+    root = tracked_root(model)
+    functions = _functions(model, serve_k)
+    for name, fn in functions.items():
+        setattr(root, name, fn)
+    path = os.path.join(out_dir, "saved_model")
+    tf.saved_model.save(root, path, signatures={
+        name: functions[name].get_concrete_function() for name in SIGNATURES})
+    model.save(os.path.join(out_dir, "model.keras"))
+    with open(os.path.join(out_dir, "items.txt"), "w") as f:
+        f.write("\n".join(str(n) for n in dataset.item_names) + "\n")
+    with open(os.path.join(out_dir, "info.json"), "w") as f:
+        json.dump({"source": dataset.source, "num_items": dataset.num_items,
+                   "num_users": dataset.num_users, "max_seq_len": model.max_seq_len,
+                   "use_fused": model.use_fused, "encoder": model.encoder,
+                   "d_model": model.d_model, "serve_k": min(serve_k, model.num_items),
+                   "cache_width": model.cache_width if "extend" in functions else 0,
+                   "compute_dtype": model.compute_dtype, "metrics": metrics or {}},
+                  f, indent=1)
+    return path
+
+
+def recommend(model_dir, history, timestamps=None, k=10):
+    """Top-k (item names, scores) for a history of item names, from an exported model
+    directory (a new process needs only ``import recops_tf``)."""
+    with open(os.path.join(model_dir, "items.txt")) as f:
+        names = [line.rstrip("\n") for line in f]
+    index = {name: i + 1 for i, name in enumerate(names)}
+    history = [str(h) for h in history]
+    unknown = [h for h in history if h not in index]
+    if unknown:
+        raise ValueError(f"items not in the model's catalogue: {unknown[:5]}")
+    if timestamps is None:  # one interaction a day, ending now
+        now = int(time.time())
+        timestamps = [now - 86400 * (len(history) - 1 - i) for i in range(len(history))]
+    if len(timestamps) != len(history):
+        raise ValueError("history and timestamps differ in length")
+    module = tf.saved_model.load(os.path.join(model_dir, "saved_model"))
+    out = module.recommend(tf.constant([index[h] for h in history], tf.int64),
+                           tf.constant(timestamps, tf.int64), tf.constant(int(k), tf.int32))
+    return [names[i - 1] for i in out["items"].numpy()], out["scores"].numpy()
