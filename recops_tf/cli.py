@@ -4,6 +4,7 @@
     recops-tf tune --data PATH --out DIR [--trials N] [--budget-minutes M]
     recops-tf export --model DIR --out DIR2       re-export a trained model's SavedModel
     recops-tf recommend --model DIR --history 1,5,9 [--k 10]
+    recops-tf serve --model DIR [--rest-port 8501] [--grpc-port 8500]   TF Serving's APIs
     recops-tf bench [STEM ...] [--out report.md] [--chart speedups.png]
     recops-tf info
 
@@ -457,6 +458,33 @@ def _recommend(args):
     return 0
 
 
+def _serve(args):
+    if not os.path.isdir(args.model):
+        raise UsageError(f"--model {args.model}: no such directory")
+    for flag in ("rest_port", "grpc_port"):
+        if not -1 <= getattr(args, flag) <= 65535:
+            raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: a port is "
+                             "0..65535 (0: any free port, -1: off)")
+    try:
+        from recops_tf import serving
+    except ImportError as e:
+        raise UsageError(f"{e}: install the serving extra (pip install "
+                         "'recops_tf[serve]')") from None
+    options = serving.Options(
+        model=args.model, model_name=args.model_name, host=args.host,
+        rest_port=args.rest_port, grpc_port=args.grpc_port,
+        enable_batching=not args.no_batching, max_batch_size=args.max_batch_size,
+        batch_timeout_micros=args.batch_timeout_micros,
+        num_batch_threads=args.num_batch_threads, cache_bytes=args.cache_mb << 20,
+        poll_seconds=args.poll_seconds, max_request_bytes=args.max_request_mb << 20)
+    try:
+        running = serving.Running(options)
+    except (FileNotFoundError, OSError) as e:
+        raise UsageError(e) from None
+    running.serve_forever()
+    return 0
+
+
 def _info(args):
     import keras
     import tensorflow as tf
@@ -630,6 +658,37 @@ def _parser():
     recommend.add_argument("--k", type=_positive_int, default=10,
                            help="how many items (at most the catalogue's size)")
     _add_defaults(recommend)
+    serve = sub.add_parser(
+        "serve", parents=[common], help="serve an exported model: TF Serving's REST and gRPC "
+        "APIs", description="Serve DIR (TF Serving's layout DIR/1, DIR/2, ... of SavedModels "
+        "or `train --out` directories; or one of them): TF Serving's REST API "
+        "(/v1/models/NAME[:predict]) and gRPC PredictionService, dynamic batching, the newest "
+        "version (picked up without a restart), Prometheus metrics at "
+        "/monitoring/prometheus/metrics, /healthz, and POST /v1/models/NAME:recommend, which "
+        "keeps each user's key/value cache between requests. SIGTERM drains and stops.")
+    serve.add_argument("--model", required=True, help="the model's base directory")
+    serve.add_argument("--model-name", default="default", help="the NAME in the API's paths "
+                       "(default: default, as TF Serving's)")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on "
+                       "(default: 127.0.0.1; 0.0.0.0 for every interface)")
+    serve.add_argument("--rest-port", type=int, default=8501, help="REST port (default: "
+                       "8501; 0: any free port; -1: no REST)")
+    serve.add_argument("--grpc-port", type=int, default=8500, help="gRPC port (default: "
+                       "8500; 0: any free port; -1: no gRPC)")
+    serve.add_argument("--no-batching", action="store_true", help="one model call per "
+                       "request (default: batch concurrent requests of batchable signatures)")
+    serve.add_argument("--max-batch-size", type=_positive_int, default=32,
+                       help="rows of a batched call (default: 32)")
+    serve.add_argument("--batch-timeout-micros", type=int, default=1000,
+                       help="longest wait for a batch to fill (default: 1000)")
+    serve.add_argument("--num-batch-threads", type=_positive_int, default=2,
+                       help="threads running batches (default: 2)")
+    serve.add_argument("--cache-mb", type=int, default=256, help="memory of the users' "
+                       "key/value cache in MiB (default: 256; 0: re-encode every history)")
+    serve.add_argument("--poll-seconds", type=float, default=1.0, help="how often to look "
+                       "for a new version (default: 1)")
+    serve.add_argument("--max-request-mb", type=_positive_int, default=4,
+                       help="largest request body, MiB (default: 4; larger: HTTP 413)")
     sub.add_parser("bench", add_help=False, parents=[common],
                    help="benchmark every op against its plain-TensorFlow composite")
     sub.add_parser("info", parents=[common],
@@ -649,7 +708,7 @@ def main(argv=None):
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     command = {"train": lambda a: _train(a, argv[1:]), "tune": _tune, "export": _export,
-               "recommend": _recommend, "info": _info}[args.command]
+               "recommend": _recommend, "serve": _serve, "info": _info}[args.command]
     try:
         return command(args)
     except UsageError as e:

@@ -1,0 +1,144 @@
+"""Dynamic batching of concurrent requests into one model call, as TF Serving's batching
+(``max_batch_size``, ``batch_timeout_micros``, ``num_batch_threads``, ``max_enqueued_batches``,
+``pad_variable_length_inputs``).
+
+A request of a batchable signature (every input and output has an unknown leading dimension)
+waits at most ``batch_timeout_micros`` for others of the same version and signature; their
+inputs are concatenated along dimension 0 (rows of different lengths padded at the end with the
+version's pad value, 0 for an export of ``recops-tf train``, whose histories are 0-padded; other
+models batch only requests of equal shapes), the signature runs once, and the outputs are split
+back. A request larger than ``max_batch_size`` rows runs alone.
+"""
+import queue
+import threading
+import time
+
+import numpy as np
+
+from recops_tf.serving.models import RequestError
+
+
+class _Task:
+    __slots__ = ("version", "signature", "tensors", "rows", "done", "result", "error")
+
+    def __init__(self, version, signature, tensors):
+        self.version, self.signature, self.tensors = version, signature, tensors
+        self.rows = len(next(iter(tensors.values()))) if tensors else 0
+        self.done = threading.Event()
+        self.result = self.error = None
+
+
+def batch_rows(signature, tensors):
+    """Rows of a request if it can join a batch (all inputs of one leading size), else None."""
+    if not signature.batchable or not tensors:
+        return None
+    sizes = {v.shape[0] if v.ndim else None for v in tensors.values()}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
+def _merge(tasks, pad):
+    out = {}
+    for key in tasks[0].tensors:
+        parts = [t.tensors[key] for t in tasks]
+        shape = np.max([p.shape for p in parts], axis=0)
+        if pad is not None:
+            parts = [np.pad(p, [(0, 0)] + [(0, int(w - s)) for w, s in
+                                            zip(shape[1:], p.shape[1:])],
+                            constant_values=pad) for p in parts]
+        out[key] = np.concatenate(parts)
+    return out
+
+
+class Batcher:
+    """``submit(version, signature, tensors)`` answers like ``signature(tensors)``, from a
+    batch. ``on_batch(size)`` is told each batch's rows (metrics)."""
+
+    def __init__(self, max_batch_size=32, batch_timeout_micros=1000, num_batch_threads=2,
+                 max_enqueued_batches=100, on_batch=None):
+        self.max_batch_size = int(max_batch_size)
+        self.timeout = batch_timeout_micros / 1e6
+        self.queue = queue.Queue(maxsize=max(1, int(max_enqueued_batches) * self.max_batch_size))
+        self.on_batch = on_batch
+        self.threads = [threading.Thread(target=self._work, daemon=True, name=f"batch-{i}")
+                        for i in range(int(num_batch_threads))]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, version, signature, tensors):
+        task = _Task(version, signature, tensors)
+        try:
+            self.queue.put_nowait(task)
+        except queue.Full:
+            raise RequestError(503, "the batching queue is full; retry later") from None
+        task.done.wait()
+        if task.error is not None:
+            raise task.error
+        return task.result
+
+    def close(self):
+        for _ in self.threads:
+            self.queue.put(None)
+        for t in self.threads:
+            t.join()
+
+    def _work(self):
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            tasks, rows = [first], first.rows
+            deadline = time.monotonic() + self.timeout
+            while rows < self.max_batch_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    task = self.queue.get(timeout=left)
+                except queue.Empty:
+                    break
+                if task is None:
+                    self.queue.put(None)
+                    break
+                if rows + task.rows > self.max_batch_size:
+                    self._run([task])  # would overflow the batch: its own call
+                    continue
+                tasks.append(task)
+                rows += task.rows
+            groups = {}
+            for task in tasks:
+                pad = task.version.pad_value
+                shapes = None if pad is not None else tuple(
+                    (k, v.shape[1:], v.dtype.str) for k, v in sorted(task.tensors.items()))
+                groups.setdefault((id(task.version), task.signature.name, shapes),
+                                  []).append(task)
+            for group in groups.values():
+                self._run(group)
+
+    def _run(self, tasks):
+        try:
+            if len(tasks) == 1:
+                outputs = [tasks[0].signature(tasks[0].tensors)]
+            else:
+                merged = tasks[0].signature(_merge(tasks, tasks[0].version.pad_value))
+                total = sum(t.rows for t in tasks)
+                if any(v.ndim == 0 or v.shape[0] != total for v in merged.values()):
+                    outputs = [t.signature(t.tensors) for t in tasks]  # not row-wise
+                else:
+                    cuts = np.cumsum([t.rows for t in tasks])[:-1]
+                    split = {k: np.split(v, cuts) for k, v in merged.items()}
+                    outputs = [{k: split[k][i] for k in split} for i in range(len(tasks))]
+            if self.on_batch:
+                self.on_batch(sum(t.rows for t in tasks))
+            for task, out in zip(tasks, outputs):
+                task.result = out
+        except RequestError as e:
+            if len(tasks) > 1:  # one bad request must not fail the others: answer each alone
+                for task in tasks:
+                    self._run([task])
+                return
+            tasks[0].error = e
+        except Exception as e:  # noqa: BLE001  (reported to the request, never a dead thread)
+            for task in tasks:
+                task.error = RequestError(500, f"{type(e).__name__}: {e}")
+        for task in tasks:
+            task.done.set()

@@ -1,0 +1,100 @@
+"""Users' key/value caches between requests: a pool of fixed-size pages, LRU by user.
+
+Each cached user holds the model's cache rows (``GenerativeRecommender.extend``: every HSTU
+block's keys and values of each event) in pages of ``page_rows`` rows of one pool, plus the
+events themselves (to score with the seen-item bias and to re-encode). A new event costs its own
+rows against the cached ones, O(n x history), instead of re-encoding the history. When the pool
+is full the least recently used users are evicted; an evicted or unknown user is encoded again
+from the history its request carries.
+"""
+import collections
+import threading
+
+import numpy as np
+
+
+class _User:
+    __slots__ = ("items", "timestamps", "pages", "length", "state", "lock")
+
+    def __init__(self):
+        self.items, self.timestamps, self.pages = [], [], []
+        self.length, self.state = 0, None
+        self.lock = threading.Lock()
+
+
+class UserCache:
+    """A page pool of ``budget_bytes`` for rows of ``width`` values of ``dtype`` (no pool with
+    ``width`` or ``budget_bytes`` 0: then only the users' events are kept), and at most
+    ``max_users`` users.
+
+    ``user(id)`` gives a user's entry (its ``lock`` held by the caller while it is read and
+    updated); ``rows(entry)`` the cached rows; ``append(key, entry, rows)`` stores new rows,
+    evicting the least recently used idle users as needed (False, the entry's rows freed, when
+    one user alone does not fit)."""
+
+    def __init__(self, budget_bytes, width, dtype, page_rows=64, max_users=1_000_000):
+        self.width, self.page_rows, self.max_users = int(width), int(page_rows), int(max_users)
+        self.dtype = np.dtype(dtype)
+        page_bytes = self.page_rows * self.width * self.dtype.itemsize
+        self.num_pages = int(budget_bytes) // page_bytes if page_bytes else 0
+        self.pool = np.zeros([self.num_pages, self.page_rows, self.width], self.dtype)
+        self.free = list(range(self.num_pages))[::-1]
+        self.users = collections.OrderedDict()
+        self.lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+
+    @property
+    def bytes_used(self):
+        return (self.num_pages - len(self.free)) * self.pool[0].nbytes if self.num_pages else 0
+
+    def user(self, key):
+        """``(entry, hit)``: the cached entry of `key` (most recently used now), or a new
+        empty one."""
+        with self.lock:
+            entry = self.users.get(key)
+            if entry is not None:
+                self.users.move_to_end(key)
+                self.hits += 1
+                return entry, True
+            while len(self.users) >= self.max_users and self._evict_one(key):
+                pass
+            entry = self.users[key] = _User()
+            self.misses += 1
+            return entry, False
+
+    def rows(self, entry):
+        if not entry.length:
+            return np.zeros([0, self.width], self.dtype)
+        return self.pool[entry.pages].reshape(-1, self.width)[:entry.length]
+
+    def _release(self, entry):
+        self.free.extend(entry.pages)
+        entry.pages, entry.length = [], 0
+
+    def reset(self, entry):
+        """Frees the entry's rows (it keeps its events)."""
+        with self.lock:
+            self._release(entry)
+
+    def _evict_one(self, key):
+        victim = next((k for k, e in self.users.items()
+                       if k != key and not e.lock.locked()), None)
+        if victim is not None:
+            self._release(self.users.pop(victim))
+            self.evictions += 1
+        return victim is not None
+
+    def append(self, key, entry, rows):
+        """Stores `rows` after the entry's; False (the entry emptied) if they cannot fit."""
+        rows = np.asarray(rows, self.dtype)
+        need = -(-(entry.length + len(rows)) // self.page_rows) - len(entry.pages)
+        with self.lock:
+            while len(self.free) < need:  # evict the least recently used idle users
+                if not self._evict_one(key):
+                    self._release(entry)
+                    return False
+            entry.pages += [self.free.pop() for _ in range(need)]
+        at = np.arange(entry.length, entry.length + len(rows))
+        self.pool[np.asarray(entry.pages)[at // self.page_rows], at % self.page_rows] = rows
+        entry.length += len(rows)
+        return True

@@ -1,0 +1,491 @@
+"""``recops-tf serve``: TF Serving's REST and gRPC APIs for SavedModels that use recops_tf ops,
+with dynamic batching, versions, Prometheus metrics and users' state kept between requests.
+
+Libraries: aiohttp (the REST server: asyncio, HTTP/1.1 keep-alive, request size limits, graceful
+shutdown), grpcio (the gRPC server TF Serving's clients talk to), prometheus_client (the metrics
+text format). See docs/serving.md.
+"""
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+import prometheus_client as prom
+import tensorflow as tf
+from aiohttp import web
+from google.protobuf import json_format
+
+from recops_tf.serving import _apis
+from recops_tf.serving.batching import Batcher, batch_rows
+from recops_tf.serving.cache import UserCache
+from recops_tf.serving.models import RequestError, Versions, op_error
+from recops_tf.serving.rest import request_tensors, response_body
+
+_GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+               413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
+_LATENCY_BUCKETS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1, 2, 5)
+
+
+@dataclasses.dataclass
+class Options:
+    """``recops-tf serve``'s flags (TF Serving's names where it has them)."""
+    model: str
+    model_name: str = "default"
+    host: str = "127.0.0.1"
+    rest_port: int = 8501  # 0: any free port; -1: no REST server
+    grpc_port: int = 8500  # 0: any free port; -1: no gRPC server
+    enable_batching: bool = True
+    max_batch_size: int = 32
+    batch_timeout_micros: int = 1000
+    num_batch_threads: int = 2
+    max_enqueued_batches: int = 100
+    cache_bytes: int = 256 << 20  # the users' key/value pages (0: no key/value cache)
+    cache_page_rows: int = 64
+    max_users: int = 1_000_000
+    poll_seconds: float = 1.0  # TF Serving's --file_system_poll_wait_seconds
+    max_request_bytes: int = 4 << 20
+    drain_seconds: float = 10.0
+    workers: int = 64  # threads running REST requests
+
+
+class _Metrics:
+    def __init__(self):
+        self.registry = prom.CollectorRegistry()
+        r = self.registry
+        self.requests = prom.Counter("recops_serving_requests", "Requests by API and status",
+                                     ["api", "status"], registry=r)
+        self.latency = prom.Histogram("recops_serving_request_latency_seconds",
+                                      "Request latency by API", ["api"],
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch = prom.Histogram("recops_serving_batch_size", "Rows of a model call",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.cache = prom.Counter("recops_serving_user_cache_events",
+                                  "User cache hits, misses and evictions", ["event"], registry=r)
+        self.cache_bytes = prom.Gauge("recops_serving_user_cache_bytes",
+                                      "Bytes of the user cache's pages in use", registry=r)
+        self.version = prom.Gauge("recops_serving_model_version", "The version served",
+                                  registry=r)
+
+
+class ModelServer:
+    """The model, its versions, the batcher, the user caches and the metrics, behind both
+    APIs. ``predict``, ``status``, ``metadata`` and ``recommend`` raise ``RequestError``."""
+
+    def __init__(self, options):
+        self.options = options
+        self.metrics = _Metrics()
+        self.ready = False
+        self.batcher = (Batcher(options.max_batch_size, options.batch_timeout_micros,
+                                options.num_batch_threads, options.max_enqueued_batches,
+                                on_batch=self.metrics.batch.observe)
+                        if options.enable_batching else None)
+        self.versions = Versions(options.model, on_load=self._prepare)
+        self.ready = True
+        self._stop = threading.Event()
+
+    def _prepare(self, version):
+        """A new version: its user cache (the old version's is dropped with it)."""
+        width = version.info.get("cache_width", 0) if version.cacheable else 0
+        dtype = tf.as_dtype(version.info.get("compute_dtype", "float32")).as_numpy_dtype
+        version.cache = UserCache(self.options.cache_bytes if width else 0, width, dtype,
+                                  self.options.cache_page_rows, self.options.max_users)
+        self.metrics.version.set(version.number)
+
+    def poll_forever(self):
+        while not self._stop.wait(self.options.poll_seconds):
+            self.versions.poll()
+
+    def close(self):
+        self._stop.set()
+        self.ready = False
+        if self.batcher:
+            self.batcher.close()
+
+    # -- the APIs' work ------------------------------------------------------------------
+    def model(self, name, number=None):
+        if name != self.options.model_name:
+            raise RequestError(404, f"Servable not found for request: model '{name}' (this "
+                               f"server serves '{self.options.model_name}')")
+        return self.versions.get(number)
+
+    def status(self, name, number=None):
+        version = self.model(name, number)
+        return [(version.number, "AVAILABLE")]
+
+    def metadata(self, name, number=None):
+        version = self.model(name, number)
+        return version, version.metadata()
+
+    def predict(self, version, signature, tensors):
+        if self.batcher is not None and batch_rows(signature, tensors) is not None and \
+                batch_rows(signature, tensors) <= self.options.max_batch_size:
+            return self.batcher.submit(version, signature, tensors)
+        out = signature(tensors)
+        self.metrics.batch.observe(batch_rows(signature, tensors) or 1)
+        return out
+
+    def recommend(self, version, body):
+        """Our endpoint beside TF Serving's: top-k for a user from the user's cached state
+        and new events (see docs/serving.md)."""
+        if not version.recommender:
+            raise RequestError(400, "this model is not an export of recops-tf train: it has no "
+                               ":recommend (use :predict)")
+        if not isinstance(body, dict):
+            raise RequestError(400, "the body must be a JSON object")
+        extra = set(body) - {"user_id", "items", "timestamps", "history", "k", "exclude_seen",
+                             "candidates"}
+        if extra:
+            raise RequestError(400, f"unknown fields in the body: {sorted(extra)}")
+        user = body.get("user_id")
+        if not isinstance(user, (str, int)) or isinstance(user, bool):
+            raise RequestError(400, "'user_id' (a string or an integer) is required")
+        items = version.item_ids(body.get("items", []), "items")
+        stamps = _timestamps(body.get("timestamps"), len(items), "timestamps")
+        history = body.get("history")
+        if history is not None and not isinstance(history, dict):
+            raise RequestError(400, "'history' must be an object with 'items' and 'timestamps'")
+        k = body.get("k", 10)
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= version.info[
+                "num_items"]:
+            raise RequestError(400, f"'k' must be an integer in 1..{version.info['num_items']}")
+        exclude = body.get("exclude_seen", False)
+        if not isinstance(exclude, bool):
+            raise RequestError(400, "'exclude_seen' must be true or false")
+        candidates = body.get("candidates")
+        if candidates is not None:
+            candidates = version.item_ids(candidates, "candidates")
+            if not len(candidates):
+                raise RequestError(400, "'candidates' is empty")
+        try:
+            return self._recommend(version, user, items, stamps, history, k, exclude,
+                                   candidates)
+        except tf.errors.InvalidArgumentError as e:
+            raise RequestError(400, op_error(e)) from None
+
+    def _recommend(self, version, user, items, stamps, history, k, exclude, candidates):
+        cache, window = version.cache, version.info["max_seq_len"]
+        entry, hit = cache.user(("u", user) if isinstance(user, int) else user)
+        with entry.lock:
+            hit = hit and bool(entry.items)
+            if not hit and history is not None:
+                past = version.item_ids(history.get("items", []), "history.items")
+                past_ts = _timestamps(history.get("timestamps"), len(past), "history.timestamps",
+                                      before=stamps[0] if len(stamps) else None)
+                items, stamps = np.concatenate([past, items]), np.concatenate([past_ts, stamps])
+            if not len(entry.items) and not len(items):
+                raise RequestError(400, f"user {user!r} has no history here: give 'items' (or "
+                                   "'history') for a new or evicted user")
+            state = self._encode(version, cache, entry, user, items, stamps, window)
+            seen = tf.constant(entry.items, tf.int64)
+            if candidates is None:
+                out = version.module.top_k(tf.constant(state), seen, tf.constant(k, tf.int32),
+                                           tf.constant(exclude))
+                top, scores = out["items"].numpy(), out["scores"].numpy()
+            else:
+                scores = version.module.score_items(tf.constant(state), seen,
+                                                    tf.constant(candidates))["scores"].numpy()
+                if exclude:
+                    scores = np.where(np.isin(candidates, entry.items), -np.inf, scores)
+                order = np.argsort(-scores, kind="stable")[:k]
+                top, scores = candidates[order], scores[order]
+            length = len(entry.items)
+        self.metrics.cache.labels("hit" if hit else "miss").inc()
+        self.metrics.cache_bytes.set(cache.bytes_used)
+        names = version.names
+        return {"items": [names[i - 1] if names else int(i) for i in top],
+                "scores": [float(s) for s in scores], "history_length": length,
+                "cache": ("hit" if hit else "miss") if cache.num_pages else "off",
+                "model_version": str(version.number)}
+
+    def _encode(self, version, cache, entry, user, items, stamps, window):
+        """The user's state after `items` (new events) appended to the cached ones; updates
+        the entry. With a key/value pool: the new events against the cached rows (re-encoding
+        the last `window` events when the history outgrows the window or rows were evicted);
+        without: the whole history again."""
+        before = cache.evictions
+        all_items = list(entry.items) + [int(i) for i in items]
+        all_stamps = list(entry.timestamps) + [int(t) for t in stamps]
+        if len(all_stamps) > 1 and np.any(np.diff(all_stamps[-window:]) < 0):
+            raise RequestError(400, "timestamps must not decrease (oldest event first)")
+        if not len(items) and entry.state is not None:
+            return entry.state
+        entry.items, entry.timestamps = all_items[-window:], all_stamps[-window:]
+        key = ("u", user) if isinstance(user, int) else user
+        if not cache.num_pages:
+            entry.state = version.module.user_state(
+                tf.constant(entry.items, tf.int64),
+                tf.constant(entry.timestamps, tf.int64))["state"].numpy()
+            return entry.state
+        incremental = entry.length and entry.length + len(items) == len(entry.items) and \
+            len(all_items) <= window
+        if incremental:
+            new_items, new_stamps = entry.items[entry.length:], entry.timestamps[entry.length:]
+            past, past_ts = cache.rows(entry), entry.timestamps[:entry.length]
+        else:
+            cache.reset(entry)
+            new_items, new_stamps = entry.items, entry.timestamps
+            past, past_ts = cache.rows(entry), []
+        out = version.module.extend(tf.constant(new_items, tf.int64),
+                                    tf.constant(new_stamps, tf.int64), tf.constant(past),
+                                    tf.constant(past_ts, tf.int64))
+        cache.append(key, entry, out["rows"].numpy())
+        self.metrics.cache.labels("eviction").inc(cache.evictions - before)
+        entry.state = out["state"].numpy()
+        return entry.state
+
+
+def _timestamps(values, n, what, before=None):
+    """Timestamps given (ints, one per item) or, when absent, one event a second ending now
+    (or ending before `before`)."""
+    if values is None:
+        end = int(time.time()) if before is None else int(before) - 1
+        return np.arange(end - n + 1, end + 1, dtype=np.int64)
+    if not isinstance(values, list) or len(values) != n or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in values):
+        raise RequestError(400, f"'{what}' must be a list of {n} integers (one per item)")
+    return np.asarray(values, np.int64)
+
+
+# -- REST ----------------------------------------------------------------------------------
+def _error(status, message):
+    return web.json_response({"error": message}, status=status)
+
+
+def rest_app(server, executor):
+    """The aiohttp application of TF Serving's REST API, ``:recommend``, metrics and health."""
+    opts = server.options
+
+    async def run(api, fn, *args):
+        began = time.perf_counter()
+        status = "200"
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        except RequestError as e:
+            status = str(e.status)
+            raise
+        finally:
+            server.metrics.requests.labels(api, status).inc()
+            server.metrics.latency.labels(api).observe(time.perf_counter() - began)
+
+    def version_of(request):
+        v = request.match_info.get("version")
+        return int(v) if v is not None else None
+
+    async def body_of(request):
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RequestError(400, f"malformed JSON: {e}") from None
+
+    async def status(request):
+        versions = await run("rest_status", server.status, request.match_info["name"],
+                             version_of(request))
+        return web.json_response({"model_version_status": [
+            {"version": str(v), "state": s, "status": {"error_code": "OK",
+                                                       "error_message": ""}}
+            for v, s in versions]})
+
+    async def metadata(request):
+        version, defs = await run("rest_metadata", server.metadata, request.match_info["name"],
+                                  version_of(request))
+        return web.json_response({
+            "model_spec": {"name": opts.model_name, "signature_name": "",
+                           "version": str(version.number)},
+            "metadata": {"signature_def": {"signature_def": {
+                k: json_format.MessageToDict(v, preserving_proto_field_name=True)
+                for k, v in defs.items()}}}})
+
+    async def predict(request):
+        body = await body_of(request)
+
+        def work():
+            version = server.model(request.match_info["name"], version_of(request))
+            name = body.get("signature_name") if isinstance(body, dict) else None
+            if name is not None and not isinstance(name, str):
+                raise RequestError(400, "'signature_name' must be a string")
+            signature = version.signature(name)
+            tensors, rows = request_tensors(body, signature)
+            return response_body(server.predict(version, signature, tensors), rows)
+
+        return web.json_response(await run("rest_predict", work))
+
+    async def recommend(request):
+        body = await body_of(request)
+
+        def work():
+            version = server.model(request.match_info["name"], version_of(request))
+            return server.recommend(version, body)
+
+        return web.json_response(await run("rest_recommend", work))
+
+    async def metrics(request):
+        return web.Response(body=prom.generate_latest(server.metrics.registry),
+                            headers={"Content-Type": prom.CONTENT_TYPE_LATEST})
+
+    async def health(request):
+        if server.ready:
+            return web.json_response({"status": "ready"})
+        return _error(503, "not ready")
+
+    @web.middleware
+    async def errors(request, handler):
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return _error(e.status, e.message)
+        except web.HTTPException as e:  # 404 no route, 405, 413 too large, ...
+            return _error(e.status, e.reason if e.status != 413 else
+                          f"the request is larger than {opts.max_request_bytes} bytes")
+        except Exception as e:  # noqa: BLE001  (an answer, never a dead server)
+            return _error(500, f"{type(e).__name__}: {e}")
+
+    app = web.Application(middlewares=[errors], client_max_size=opts.max_request_bytes)
+    name, ver = r"{name:[^/:]+}", r"/versions/{version:\d+}"
+    for prefix in (f"/v1/models/{name}", f"/v1/models/{name}{ver}"):
+        app.router.add_get(prefix, status)
+        app.router.add_get(prefix + "/metadata", metadata)
+        app.router.add_post(prefix + ":predict", predict)
+        app.router.add_post(prefix + ":recommend", recommend)
+    app.router.add_get("/monitoring/prometheus/metrics", metrics)
+    app.router.add_get("/healthz", health)
+    return app
+
+
+# -- gRPC ----------------------------------------------------------------------------------
+def grpc_server(server, address):
+    """A grpc.Server with TF Serving's PredictionService and ModelService; ``(server, port)``."""
+    opts = server.options
+
+    def call(api, context, fn):
+        began = time.perf_counter()
+        status = "200"
+        try:
+            return fn()
+        except RequestError as e:
+            status = str(e.status)
+            context.abort(_GRPC_CODES.get(e.status, grpc.StatusCode.INTERNAL), e.message)
+        except Exception as e:  # noqa: BLE001
+            status = "500"
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        finally:
+            server.metrics.requests.labels(api, status).inc()
+            server.metrics.latency.labels(api).observe(time.perf_counter() - began)
+
+    def spec_version(spec):
+        return spec.version.value if spec.HasField("version") else None
+
+    def predict(request, context):
+        def work():
+            version = server.model(request.model_spec.name, spec_version(request.model_spec))
+            signature = version.signature(request.model_spec.signature_name)
+            try:
+                tensors = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+            except Exception as e:  # noqa: BLE001
+                raise RequestError(400, f"an input TensorProto is malformed: {e}") from None
+            signature.check(tensors)
+            outputs = server.predict(version, signature, tensors)
+            wanted = set(request.output_filter) or set(outputs)
+            unknown = wanted - set(outputs)
+            if unknown:
+                raise RequestError(400, f"output_filter names unknown outputs {sorted(unknown)}")
+            response = _apis.PredictResponse()
+            response.model_spec.name = opts.model_name
+            response.model_spec.version.value = version.number
+            response.model_spec.signature_name = signature.name
+            for key in wanted:
+                response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key]))
+            return response
+        return call("grpc_predict", context, work)
+
+    def get_model_metadata(request, context):
+        def work():
+            version, defs = server.metadata(request.model_spec.name,
+                                            spec_version(request.model_spec))
+            if list(request.metadata_field) != ["signature_def"]:
+                raise RequestError(400, "metadata_field must be ['signature_def']")
+            response = _apis.GetModelMetadataResponse()
+            response.model_spec.name = opts.model_name
+            response.model_spec.version.value = version.number
+            sigs = _apis.SignatureDefMap()
+            for k, v in defs.items():
+                sigs.signature_def[k].CopyFrom(v)
+            response.metadata["signature_def"].Pack(sigs)
+            return response
+        return call("grpc_metadata", context, work)
+
+    def get_model_status(request, context):
+        def work():
+            response = _apis.GetModelStatusResponse()
+            for number, _ in server.status(request.model_spec.name,
+                                           spec_version(request.model_spec)):
+                status = response.model_version_status.add()
+                status.version = number
+                status.state = _apis.ModelVersionStatus.AVAILABLE
+            return response
+        return call("grpc_status", context, work)
+
+    g = grpc.server(concurrent.futures.ThreadPoolExecutor(opts.workers), options=[
+        ("grpc.max_receive_message_length", opts.max_request_bytes)])
+    _apis.add_services(g, predict, get_model_metadata, get_model_status)
+    port = g.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return g, port
+
+
+# -- the process ---------------------------------------------------------------------------
+class Running:
+    """A started server (``start``): its ports, and ``stop()``."""
+
+    def __init__(self, options, announce=print):
+        self.options = options
+        self.server = ModelServer(options)
+        self.executor = concurrent.futures.ThreadPoolExecutor(options.workers)
+        self.loop = asyncio.new_event_loop()
+        self.rest_port = self.grpc_port = None
+        self.grpc = None
+        if options.grpc_port >= 0:
+            self.grpc, self.grpc_port = grpc_server(
+                self.server, f"{options.host}:{options.grpc_port}")
+            self.grpc.start()
+        self.runner = None
+        if options.rest_port >= 0:
+            self.runner = web.AppRunner(rest_app(self.server, self.executor),
+                                        shutdown_timeout=options.drain_seconds,
+                                        access_log=None, handle_signals=False)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, options.host, options.rest_port)
+            self.loop.run_until_complete(site.start())
+            self.rest_port = site._server.sockets[0].getsockname()[1]
+        self.poller = threading.Thread(target=self.server.poll_forever, daemon=True)
+        self.poller.start()
+        version = self.server.versions.get()
+        announce(f"serving model '{options.model_name}' version {version.number} "
+                 f"({version.path}); REST on {options.host}:{self.rest_port}, gRPC on "
+                 f"{options.host}:{self.grpc_port}", flush=True)
+
+    def serve_forever(self):
+        """Runs until SIGTERM or SIGINT, then drains: no new connections, requests in flight
+        answered (at most ``drain_seconds``)."""
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, stop.set)
+        self.loop.run_until_complete(stop.wait())
+        self.stop()
+
+    def stop(self):
+        self.server.ready = False
+        done = self.grpc.stop(self.options.drain_seconds) if self.grpc else None
+        if self.runner is not None:
+            self.loop.run_until_complete(self.runner.cleanup())
+        if done is not None:
+            done.wait()
+        self.server.close()
+        self.executor.shutdown(wait=True)
+        self.loop.close()
