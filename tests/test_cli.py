@@ -192,7 +192,7 @@ def test_readme_commands_write_nothing_untracked_into_the_checkout():
         paths += [words[i + 1] for i, w in enumerate(words[:-1])
                   if w in ("--out", "--json", "--chart", "--logdir")
                   and not words[i + 1].isupper()]  # not a placeholder (DIR)
-    assert "~/recops-runs/ml-1m" in paths and "docs/speedups.png" in paths
+    assert "~/recops-runs/ml-1m/1" in paths and "docs/speedups.png" in paths
     inside = [p for p in paths if not p.startswith(("~", "/"))]
     if not os.path.isdir(os.path.join(ROOT, ".git")):
         pytest.skip("not a git checkout")
