@@ -284,6 +284,22 @@ def _fitted_config(args, dataset):
 
 
 def _train(args, argv):
+    from recops_tf.recommender import multiworker
+
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: at least 1")
+    group = None
+    if os.environ.get("TF_CONFIG"):  # one worker of a cluster (ours, or a user's TF_CONFIG)
+        try:
+            group = multiworker.cluster_group()
+        except (ValueError, KeyError) as e:
+            raise UsageError(f"TF_CONFIG: {e}") from None
+        if group is not None and args.workers > 1 and args.workers != group.world_size:
+            raise UsageError(f"--workers {args.workers}, but TF_CONFIG names "
+                             f"{group.world_size} workers")
+    elif args.workers > 1:
+        return multiworker.launch(argv, args.workers)
+    chief = group is None or group.rank == 0
     from recops_tf import recommender as rec
 
     resume = bool(args.resume)
@@ -324,15 +340,22 @@ def _train(args, argv):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         checkpoint_dir = os.path.join(args.out, "checkpoints")
-        if not resume:
+        if not resume and chief:
             with open(os.path.join(args.out, "run.json"), "w") as f:
                 json.dump({"argv": [a for a in argv if a not in ("--no-progress", "--verbose")],
                            "config": dataclasses.asdict(config), **fitted}, f, indent=1)
     try:
         result = rec.train(dataset, config, checkpoint_dir=checkpoint_dir, resume=resume,
-                           logdir=args.logdir, progress=not args.no_progress)
-    except FileNotFoundError as e:
+                           logdir=args.logdir if chief else None,
+                           progress=not args.no_progress and group is None,
+                           log=print if chief else (lambda *a, **k: None), group=group)
+    except (FileNotFoundError, ValueError) as e:
         raise UsageError(e) from None
+    model = result.model
+    if group is not None:  # the whole item table, gathered from the shards (every worker)
+        model = multiworker.unsharded(result.model, config, dataset.num_items, group)
+        if not chief:
+            return 0
     seconds = result.train_seconds
     print(f"trained {result.steps} steps ({result.epochs} epochs) in {seconds:.1f} s "
           f"({result.steps / max(seconds, 1e-9):.2f} steps/s), loss {result.first_loss:.3f} -> "
@@ -358,7 +381,7 @@ def _train(args, argv):
                "last_loss": result.last_loss, "validation": result.validation,
                "config": dataclasses.asdict(config), "data": dataset.source, **fitted}
     if args.out:
-        path = rec.export(result.model, dataset, args.out, metrics)
+        path = rec.export(model, dataset, args.out, metrics)
         print(f"exported: {path} (SavedModel), {os.path.join(args.out, 'model.keras')}")
     if args.json:
         with open(args.json, "w") as f:
@@ -624,6 +647,10 @@ def _parser():
     fit.add_argument("--resume", metavar="DIR", help="continue the run whose --out was DIR "
                      "from its newest checkpoint, with its own flags (default: a new run)")
     fit.add_argument("--logdir", help="write TensorBoard summaries here (default: none)")
+    fit.add_argument("--workers", type=int, default=1, help="train with N local worker "
+                     "processes (item table sharded, dense weights all-reduced, the same "
+                     "global batch); with TF_CONFIG set, this process is one worker of that "
+                     "cluster (default: 1)")
     out = train.add_argument_group("output")
     out.add_argument("--out", help="checkpoints, then the trained model (SavedModel + "
                      ".keras) here (default: not saved)")

@@ -51,13 +51,19 @@ class GenerativeRecommender(keras.Model):
         being scored (in training: the items read up to each position), a repeat-aware
         head; ``scores(states, seen=histories)`` applies it.
       seed: of initializers and dropout.
+      table_group: a ``recops_tf.distributed.Group`` of several ranks: the item tables are
+        ``ShardedEmbedding``s over it (multi-worker training; fused build only).
     """
 
     def __init__(self, num_items, encoder="hstu", d_model=50, num_blocks=2, num_heads=1,
                  head_dim=50, max_seq_len=200, dropout_rate=0.2, l2_norm=True,
                  temperature=0.05, relative_bias=True, use_fused=True, seed=0, seen_bias=False,
-                 share_embeddings=True, **kwargs):
+                 share_embeddings=True, table_group=None, **kwargs):
         super().__init__(**kwargs)
+        # Multi-worker training: item tables sharded over the group's ranks (not a config
+        # field: a model saved or exported is a whole, unsharded one).
+        self.table_group = (table_group if table_group is not None and
+                            table_group.world_size > 1 else None)
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         if int(num_items) < 1 or int(max_seq_len) < 1 or int(d_model) < 1:
@@ -103,6 +109,10 @@ class GenerativeRecommender(keras.Model):
     # -- embeddings -------------------------------------------------------------------------
     def _table(self, name, seed):
         init = keras.initializers.TruncatedNormal(stddev=0.02, seed=seed)
+        if self.use_fused and self.table_group is not None:
+            from recops_tf.distributed import ShardedEmbedding
+            return ShardedEmbedding(self.d_model, group=self.table_group, initializer=init,
+                                    seed=seed, name=name)
         if self.use_fused:
             return DynamicEmbedding(self.d_model, initializer=init, seed=seed, name=name)
         return keras.layers.Embedding(self.num_items + 1, self.d_model,
@@ -368,7 +378,7 @@ def gbce_beta(num_negatives, num_items, t=0.75):
 
 
 def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, training=True,
-                   per_position=False, label_smoothing=0.0, gbce_t=0.75):
+                   per_position=False, label_smoothing=0.0, gbce_t=0.75, reduction="mean"):
     """Mean loss of predicting item t+1 from the state at t, over every position of every
     ragged history ``items`` (``[B, (L + 1)]``: the model reads the first L).
 
@@ -376,12 +386,15 @@ def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, tra
     ``negatives`` (``[B, N]`` item ids per sequence, or ``[P, N]`` per position with
     ``per_position``; a negative equal to the positive is masked); ``"full"``: against every
     catalogue item; ``"gbce"``: gSASRec's generalised binary cross-entropy on the positive and
-    the sampled ``negatives`` (``gbce_t``: its calibration, `gbce_beta`). ``label_smoothing``
+    the sampled ``negatives`` (``gbce_t``: its calibration, `gbce_beta`). ``reduction="sum"``:
+    the sum over positions instead of the mean (0 for a batch without positions: a worker's
+    share of a small batch). ``label_smoothing``
     (softmax losses): the target's one-hot label mixed with the uniform one over the
     candidates, ``(1 - label_smoothing) onehot + label_smoothing / N`` (Keras' form).
     """
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    reduce = tf.reduce_sum if reduction == "sum" else tf.reduce_mean
     inputs = {"items": items[:, :-1], "timestamps": timestamps[:, :-1]}
     targets = items[:, 1:]
     states = model(inputs, training=training)
@@ -390,17 +403,16 @@ def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, tra
         if model.seen_bias:
             logits += _seen_bias_full(model, states, inputs["items"])
         target = tf.gather(logits, targets.flat_values - 1, batch_dims=1)
-        return tf.reduce_mean(_cross_entropy(logits, target, label_smoothing))
+        return reduce(_cross_entropy(logits, target, label_smoothing))
     pos, neg = _positives_and_negatives(model, states, targets, negatives, training,
                                         per_position, read=inputs["items"])
     if loss == "gbce":
         beta = gbce_beta(int(negatives.shape[-1]), model.num_items, gbce_t)
         # -log(sigmoid(pos) ** beta) - sum log(1 - sigmoid(neg)); a masked hit adds 0.
-        return tf.reduce_mean(beta * tf.nn.softplus(-pos) +
-                              tf.reduce_sum(tf.nn.softplus(neg), axis=1))
+        return reduce(beta * tf.nn.softplus(-pos) + tf.reduce_sum(tf.nn.softplus(neg), axis=1))
     logits = tf.concat([pos[:, None], neg], axis=1)
     valid = logits > _HIT / 2 if label_smoothing else None
-    return tf.reduce_mean(_cross_entropy(logits, pos, label_smoothing, valid))
+    return reduce(_cross_entropy(logits, pos, label_smoothing, valid))
 
 
 def last_states(model, items, timestamps):

@@ -125,9 +125,10 @@ PRESETS = {
 PRECISIONS = {"f32": "float32", "bf16": "mixed_bfloat16"}
 
 
-def build_model(config, num_items):
+def build_model(config, num_items, group=None):
     """The model of ``config``, its layers built under the dtype policy of
-    ``config.precision`` (the global policy is restored afterwards)."""
+    ``config.precision`` (the global policy is restored afterwards); with a `group` of
+    several ranks, its item tables sharded over them."""
     previous = keras.mixed_precision.dtype_policy()
     keras.mixed_precision.set_dtype_policy(PRECISIONS[config.precision])
     try:
@@ -138,7 +139,7 @@ def build_model(config, num_items):
             dropout_rate=config.dropout_rate, l2_norm=config.l2_norm,
             temperature=config.temperature, relative_bias=config.relative_bias,
             use_fused=config.use_fused, seed=config.seed, seen_bias=config.seen_bias,
-            share_embeddings=config.share_embeddings)
+            share_embeddings=config.share_embeddings, table_group=group)
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
 
@@ -199,12 +200,22 @@ def make_optimizer(config):
     return keras.optimizers.Adam(config.learning_rate, beta_2=0.98, epsilon=1e-8)
 
 
-def train_step(model, optimizer, generator, config, num_items):
+def train_step(model, optimizer, generator, config, num_items, group=None):
     """The tf.function of one training step on a ragged batch ``(items, timestamps)`` (each
     row its last ``max_seq_len + 1`` items); draws the step's negatives from `generator`:
     ``config.num_negatives`` per sequence (or per position), uniform over the catalogue
-    (``sampled``) or over the batch's targets (``in-batch``). Returns the loss."""
+    (``sampled``) or over the batch's targets (``in-batch``). Returns the loss.
+
+    With a `group` of R ranks every rank gets the same global batch and negatives and keeps
+    rows ``rank, rank + R, ...``: its loss is its positions' sum over the global batch's
+    positions, the dense gradients are summed over the ranks (the sharded tables' row
+    gradients already reach their owners), so the step is the one-rank step up to float
+    order (and dropout masks, drawn per rank)."""
     n_neg, per_position = config.num_negatives, config.negatives_per == "position"
+    world = 1 if group is None else group.world_size
+    anchors = {id(layer.gradient_anchor) for layer in (model.item_embedding,
+                                                       model.output_embedding)
+               if layer is not None and hasattr(layer, "gradient_anchor")}
 
     @tf.function(input_signature=[_SPEC, _SPEC], jit_compile=False)
     def step(items, timestamps):
@@ -219,13 +230,31 @@ def train_step(model, optimizer, generator, config, num_items):
             pick = generator.uniform([rows, n_neg], 0, tf.size(targets, out_type=tf.int64),
                                      dtype=tf.int64)
             negatives = tf.gather(targets, pick)
+        if world > 1:
+            positions = tf.cast(tf.size(items[:, 1:].flat_values), tf.float32)
+            mine = tf.range(group.rank, tf.shape(items.row_splits, out_type=tf.int64)[0] - 1,
+                            world)
+            if negatives is not None and per_position:
+                negatives = tf.gather(tf.RaggedTensor.from_row_lengths(
+                    negatives, items[:, 1:].row_lengths()), mine).flat_values
+            elif negatives is not None:
+                negatives = tf.gather(negatives, mine)
+            items, timestamps = tf.gather(items, mine), tf.gather(timestamps, mine)
         with tf.GradientTape() as tape:
             loss = next_item_loss(model, items, timestamps, config.loss, negatives,
                                   training=True, per_position=per_position,
                                   label_smoothing=config.label_smoothing,
-                                  gbce_t=config.gbce_t)
+                                  gbce_t=config.gbce_t,
+                                  reduction="sum" if world > 1 else "mean")
+            if world > 1:
+                loss /= positions
         variables = model.trainable_variables
-        optimizer.apply(tape.gradient(loss, variables), variables)
+        grads = tape.gradient(loss, variables)
+        if world > 1:
+            grads = [g if id(v) in anchors or g is None else group.all_reduce_sum(g)
+                     for g, v in zip(grads, variables)]
+            loss = group.all_reduce_sum(loss)
+        optimizer.apply(grads, variables)
         return loss
 
     return step
@@ -277,22 +306,37 @@ def ranker(model, exclude_seen):
     return rank
 
 
-def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=evaluation.KS):
+def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=evaluation.KS,
+             group=None):
     """HR@k, NDCG@k and MRR of `model` on each user's `which` ('valid' or 'test') target,
-    ranking the whole catalogue from the state after the user's (truncated) history."""
+    ranking the whole catalogue from the state after the user's (truncated) history. With a
+    `group` of R ranks, each rank ranks users ``rank, rank + R, ...`` (the same number of
+    batches on every rank) and the ranks are gathered: every rank returns the metrics of
+    all users."""
     histories, stamps = split.history(which)
-    histories_in = _tail(histories, model.max_seq_len)
-    stamps_in = _tail(stamps, model.max_seq_len)
     targets, _ = split.targets(which)
     if len(targets) and (targets.min() < 1 or targets.max() > model.num_items):
         raise ValueError(f"targets must be item ids in 1..{model.num_items}")
+    world = 1 if group is None else group.world_size
+    users = np.arange(len(targets))
+    if world > 1:
+        share = -(-len(users) // world)
+        users = users[group.rank::world]
+        valid = np.arange(share) < len(users)
+        users = np.concatenate([users, np.zeros(share - len(users), np.int64)])
     rank = ranker(model, exclude_seen)
     out = []
-    for first in range(0, len(targets), batch_size):
-        part = slice(first, first + batch_size)
-        out.append(rank(_ragged(histories_in[part]), _ragged(stamps_in[part]),
-                        _ragged(histories[part]), tf.constant(targets[part])).numpy())
-    return evaluation.metrics(np.concatenate(out) if out else np.zeros(0, np.int64), ks)
+    for first in range(0, len(users), batch_size):
+        part = users[first:first + batch_size]
+        out.append(rank(_ragged(_tail([histories[u] for u in part], model.max_seq_len)),
+                        _ragged(_tail([stamps[u] for u in part], model.max_seq_len)),
+                        _ragged([histories[u] for u in part]),
+                        tf.constant(targets[part])).numpy())
+    ranks = np.concatenate(out) if out else np.zeros(0, np.int64)
+    if world > 1:  # the padding users' ranks marked -1, then dropped
+        ranks = group.gather(tf.constant(np.where(valid, ranks, -1))).numpy()
+        ranks = ranks[ranks >= 0]
+    return evaluation.metrics(ranks, ks)
 
 
 @dataclasses.dataclass
@@ -345,7 +389,7 @@ class _State(tf.Module):
 
 
 def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progress=True,
-          log=print, on_validation=None):
+          log=print, on_validation=None, group=None):
     """Trains `config`'s model on `dataset`'s leave-one-out training part, validating every
     ``config.eval_every`` steps or every epoch (early stopping on
     ``config.validation_metric``, the best validation's weights kept), and returns a
@@ -358,23 +402,38 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     steps) of the model (the growing table and its optimizer slots included), the optimizer,
     the negative sampler's RNG and the loop's position; ``resume=True`` continues from the
     newest one. ``logdir``: TensorBoard summaries (loss, steps/s, validation metrics).
+
+    ``group``: a ``recops_tf.distributed.Group`` of R worker processes, each calling `train`
+    with the same arguments (see ``recommender/multiworker.py``): each trains on its 1/R of
+    every global batch, holds its shard of the item tables (and their optimizer slots), sums
+    the dense gradients with the others, validates and tests its share of the users and
+    gathers the metrics; checkpoints go to ``checkpoint_dir/worker-<rank>`` (resume with the
+    same R). Every rank returns the same ``Result``; its model holds this rank's shard.
     """
     config.check()
     tf.keras.utils.set_random_seed(config.seed)
     split = evaluation.Split.leave_one_out(dataset)
     num_items = dataset.num_items
     epoch_data, steps_per_epoch = training_data(split, config)
-    model = build_model(config, num_items)
+    world = 1 if group is None else group.world_size
+    if world > 1 and not config.use_fused:
+        raise ValueError("multi-worker training shards the fused build's item tables: drop "
+                         "--no-fused")
+    model = build_model(config, num_items, group)
     optimizer = make_optimizer(config)
     generator = tf.random.Generator.from_seed(config.seed)
     state = _State()
-    step = train_step(model, optimizer, generator, config, num_items)
+    step = train_step(model, optimizer, generator, config, num_items, group)
 
     # Build every variable (model and optimizer) before a restore.
     build_items = _ragged([np.array([1, 1], np.int64)])
     model({"items": build_items[:, :1], "timestamps": build_items[:, :1]}, training=False)
     model.item_matrix(training=False)
     optimizer.build(model.trainable_variables)
+    if world > 1:  # every rank starts from the chief's dense weights
+        for v in model.variables:
+            if tf.as_dtype(v.dtype).is_floating:
+                v.assign(group.all_reduce_sum(tf.convert_to_tensor(v) * float(group.rank == 0)))
     # tf.train.Checkpoint does not reach every Keras 3 variable through the model (layers
     # in a Python list, non-trainable weights, dropout seed states): the model's variables
     # are saved explicitly, in their (deterministic) creation order.
@@ -388,6 +447,23 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
                                                                            "table",
                                                                            "output_table")})
     manager = best_path = None
+    if checkpoint_dir and world > 1:  # a shard per worker; resumed by as many workers
+        workers_file = os.path.join(checkpoint_dir, "workers.json")
+        if resume:
+            saved = json.load(open(workers_file)) if os.path.exists(workers_file) else None
+            if saved is None or saved["workers"] != world:
+                raise ValueError(f"{checkpoint_dir}: its checkpoints are of "
+                                 f"{saved['workers'] if saved else 1} worker(s); resume with "
+                                 f"as many (--workers), not {world}")
+        elif group.rank == 0:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            with open(workers_file, "w") as f:
+                json.dump({"workers": world}, f)
+        checkpoint_dir = os.path.join(checkpoint_dir, f"worker-{group.rank}")
+    elif checkpoint_dir and resume and os.path.exists(os.path.join(checkpoint_dir,
+                                                                   "workers.json")):
+        raise ValueError(f"{checkpoint_dir}: its checkpoints are of several workers; resume "
+                         "with as many (--workers)")
     if checkpoint_dir:
         manager = tf.train.CheckpointManager(checkpoint, os.path.join(checkpoint_dir, "last"),
                                              max_to_keep=2)
@@ -432,7 +508,7 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         """Validates at the current step (`epoch`: the 1-based epoch under way); returns the
         metric and whether patience has run out."""
         began = time.perf_counter()
-        metrics = evaluate(model, split, "valid", config.exclude_seen)
+        metrics = evaluate(model, split, "valid", config.exclude_seen, group=group)
         timing["validation"] += time.perf_counter() - began
         value, steps = metrics[config.validation_metric], int(state.steps)
         history.append(dict(epoch=epoch, step=steps, **metrics))
@@ -530,8 +606,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     other = not config.exclude_seen
     return Result(
         model=model, config=config,
-        test=evaluate(model, split, "test", config.exclude_seen),
-        test_other=evaluate(model, split, "test", other),
+        test=evaluate(model, split, "test", config.exclude_seen, group=group),
+        test_other=evaluate(model, split, "test", other, group=group),
         baselines=evaluation.baselines(split, num_items, "test", config.exclude_seen),
         baselines_other=evaluation.baselines(split, num_items, "test", other),
         validation=history, best_epoch=int(state.best_epoch), best_step=int(state.best_step),
