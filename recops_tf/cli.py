@@ -283,15 +283,33 @@ def _fitted_config(args, dataset):
                                for f, r in reasons.items()}}, given
 
 
+def _multiworker():
+    """``recops_tf/recommender/multiworker.py``, loaded from its file unless the package is
+    imported already: the launcher of ``--workers N`` imports no TensorFlow."""
+    if "recops_tf" in sys.modules:
+        from recops_tf.recommender import multiworker
+
+        return multiworker
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_recops_tf_multiworker", os.path.join(_RECOMMENDER, "multiworker.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _train(args, argv):
-    from recops_tf.recommender import multiworker
+    multiworker = _multiworker()
 
     if args.workers < 1:
         raise UsageError(f"--workers {args.workers}: at least 1")
+    if not args.worker_timeout > 0:
+        raise UsageError(f"--worker-timeout {args.worker_timeout}: seconds, more than 0")
     group = None
     if os.environ.get("TF_CONFIG"):  # one worker of a cluster (ours, or a user's TF_CONFIG)
         try:
-            group = multiworker.cluster_group()
+            group = multiworker.cluster_group(args.worker_timeout)
         except (ValueError, KeyError) as e:
             raise UsageError(f"TF_CONFIG: {e}") from None
         if group is not None and args.workers > 1 and args.workers != group.world_size:
@@ -344,6 +362,8 @@ def _train(args, argv):
             with open(os.path.join(args.out, "run.json"), "w") as f:
                 json.dump({"argv": [a for a in argv if a not in ("--no-progress", "--verbose")],
                            "config": dataclasses.asdict(config), **fitted}, f, indent=1)
+    import tensorflow as tf
+
     try:
         result = rec.train(dataset, config, checkpoint_dir=checkpoint_dir, resume=resume,
                            logdir=args.logdir if chief else None,
@@ -351,6 +371,15 @@ def _train(args, argv):
                            log=print if chief else (lambda *a, **k: None), group=group)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(e) from None
+    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+            tf.errors.AbortedError, tf.errors.CancelledError) as e:
+        if group is None:
+            raise
+        # A peer died or hung: one line (the launcher names the worker that failed first).
+        reason = e.message.strip().splitlines()[0] if e.message else type(e).__name__
+        print(f"recops-tf train: error: worker {group.rank}: the group failed "
+              f"({type(e).__name__}: {reason[:200]})", file=sys.stderr)
+        return 1
     model = result.model
     if group is not None:  # the whole item table, gathered from the shards (every worker)
         model = multiworker.unsharded(result.model, config, dataset.num_items, group)
@@ -651,6 +680,8 @@ def _parser():
                      "processes (item table sharded, dense weights all-reduced, the same "
                      "global batch); with TF_CONFIG set, this process is one worker of that "
                      "cluster (default: 1)")
+    fit.add_argument("--worker-timeout", type=float, default=60.0, help="seconds a worker "
+                     "waits for the others in a collective before the job fails (default: 60)")
     out = train.add_argument_group("output")
     out.add_argument("--out", help="checkpoints, then the trained model (SavedModel + "
                      ".keras) here (default: not saved)")

@@ -19,6 +19,7 @@ under ``OUT/checkpoints/worker-<rank>``.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,12 +84,14 @@ def _free_ports(count):
             s.close()
 
 
-def launch(argv, workers, log_dir=None, poll=0.2):
+def launch(argv, workers, log_dir=None, poll=0.2, settle=15.0):
     """Runs ``recops-tf train ARGV`` as `workers` local processes; returns the exit status.
 
-    The chief's output is this process's; the others' go to ``log_dir/worker-<i>.log`` (a
-    temporary directory when None). When a worker exits with an error (or is killed) the
-    others are ended and the error names it; all exit 0: 0."""
+    The chief's report is this process's output; the workers' logs (the chief's stderr, the
+    others' output) go to ``log_dir/worker-<i>.log`` (a temporary directory when None). When
+    a worker is killed or fails, the others are ended and the error names it: the worker
+    killed, else the one that failed for a reason of its own, else the one still running when
+    the others' collectives timed out waiting (hung). All exit 0: 0."""
     import tempfile
 
     log_dir = log_dir or tempfile.mkdtemp(prefix="recops_workers_")
@@ -101,32 +104,67 @@ def launch(argv, workers, log_dir=None, poll=0.2):
                    **{WORKER_ENV: "1"})
         path = os.path.join(log_dir, f"worker-{i}.log")
         logs.append(path)
-        out = None if i == 0 else open(path, "w")
+        out = open(path, "w")  # the chief's stdout stays this process's (the report)
         procs.append(subprocess.Popen([sys.executable, "-m", "recops_tf", "train", *argv],
-                                      env=env, stdout=out, stderr=subprocess.STDOUT if out
-                                      else None))
+                                      env=env, stdout=None if i == 0 else out, stderr=out))
     previous = {sig: signal.signal(sig, lambda *_: _end(procs)) for sig in (signal.SIGTERM,)}
     try:
         while True:
             codes = [p.poll() for p in procs]
-            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                i = failed[0]
-                _end(procs)
-                code = codes[i]
-                why = (f"killed by {signal.Signals(-code).name}" if code < 0 else
-                       f"exit status {code}")
-                tail = "" if i == 0 else _tail(logs[i])
-                print(f"recops-tf train: error: worker {i} of {workers} failed ({why})"
-                      f"{': ' + tail if tail else ''}; the other workers were stopped"
-                      f"{'' if i == 0 else f' (its log: {logs[i]})'}", file=sys.stderr)
-                return 1
             if all(c == 0 for c in codes):
                 return 0
+            if any(c not in (None, 0) for c in codes):
+                break
             time.sleep(poll)
+        # A failure. A worker whose group failed (a peer died or stopped answering) is a
+        # victim: give the others a moment to fail too, then name the cause.
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) and not _victim(logs[i]) for i, c in enumerate(codes)):
+                break
+            time.sleep(poll)
+        codes = [p.poll() for p in procs]
+        _end(procs)
+        culprits = [i for i, c in enumerate(codes) if c not in (None, 0) and
+                    not _victim(logs[i])]
+        killed = [i for i in culprits if codes[i] < 0]
+        failed = [i for i in culprits if codes[i] > 0]
+        alive = [i for i, c in enumerate(codes) if c is None]
+        if killed:
+            i = killed[0]
+            why = f"killed by {signal.Signals(-codes[i]).name}"
+        elif failed:
+            i = failed[0]
+            why = f"exit status {codes[i]}: {_tail(logs[i])}"
+        elif alive:
+            i = alive[0]
+            why = "hung: the others' collectives timed out waiting for it"
+        else:
+            i = next(j for j, c in enumerate(codes) if c)
+            why = f"exit status {codes[i]}: {_tail(logs[i])}"
+        print(f"recops-tf train: error: worker {i} of {workers} failed ({why}); the other "
+              f"workers were stopped (logs: {log_dir})", file=sys.stderr)
+        return 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+_GROUP_FAILURES = ("the group failed (", "Collective has timed out",
+                   "Collective ops is aborted", "UNAVAILABLE:", "Socket closed",
+                   "Connection reset by peer", "failed to connect")
+
+
+def _victim(path):
+    """Whether a worker failed because its group did (a peer died or stopped answering: its
+    collectives were aborted; TensorFlow may then even crash the process), not by itself."""
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()[-20000:]
+    except OSError:
+        return False
+    return any(marker in text for marker in _GROUP_FAILURES)
 
 
 def _end(procs, grace=5.0):
@@ -149,5 +187,5 @@ def _tail(path):
             lines = [line.strip() for line in f if line.strip()]
     except OSError:
         return ""
-    errors = [line for line in lines if "Error" in line or "error" in line]
-    return (errors or lines or [""])[-1][:300]
+    errors = [line for line in lines if re.match(r"(recops-tf \w+: error|[\w.]*Error\b)", line)]
+    return (errors or [""])[-1][:300]
