@@ -404,6 +404,7 @@ def _train(args, argv):
                "test_other_protocol": result.test_other, "baselines": result.baselines,
                "baselines_other_protocol": result.baselines_other,
                "train_seconds": seconds, "steps": result.steps, "epochs": result.epochs,
+               "first_step_seconds": result.first_step_seconds,
                "steps_per_epoch": result.steps_per_epoch,
                "best_epoch": result.best_epoch, "best_step": result.best_step,
                "first_loss": result.first_loss,

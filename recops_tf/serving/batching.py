@@ -54,11 +54,17 @@ class Batcher:
     batch. ``on_batch(size)`` is told each batch's rows (metrics)."""
 
     def __init__(self, max_batch_size=32, batch_timeout_micros=1000, num_batch_threads=2,
-                 max_enqueued_batches=100, on_batch=None):
+                 max_enqueued_batches=100, on_batch=None, in_flight=None):
         self.max_batch_size = int(max_batch_size)
         self.timeout = batch_timeout_micros / 1e6
         self.queue = queue.Queue(maxsize=max(1, int(max_enqueued_batches) * self.max_batch_size))
         self.on_batch = on_batch
+        # Requests the server is handling now (parsing, queued or running): a batch stops
+        # waiting when every one of them is taken (no one else can come before the timeout),
+        # so a lone request is not delayed.
+        self.in_flight = in_flight
+        self.taken = 0  # tasks taken by the batch threads, not answered yet
+        self.count_lock = threading.Lock()
         self.threads = [threading.Thread(target=self._work, daemon=True, name=f"batch-{i}")
                         for i in range(int(num_batch_threads))]
         for t in self.threads:
@@ -87,10 +93,12 @@ class Batcher:
             if first is None:
                 return
             tasks, rows = [first], first.rows
+            with self.count_lock:
+                self.taken += 1
             deadline = time.monotonic() + self.timeout
             while rows < self.max_batch_size:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self.in_flight is not None and self.in_flight() <= self.taken:
                     break
                 try:
                     task = self.queue.get(timeout=left)
@@ -99,8 +107,12 @@ class Batcher:
                 if task is None:
                     self.queue.put(None)
                     break
+                with self.count_lock:
+                    self.taken += 1
                 if rows + task.rows > self.max_batch_size:
                     self._run([task])  # would overflow the batch: its own call
+                    with self.count_lock:
+                        self.taken -= 1
                     continue
                 tasks.append(task)
                 rows += task.rows
@@ -113,6 +125,8 @@ class Batcher:
                                   []).append(task)
             for group in groups.values():
                 self._run(group)
+            with self.count_lock:
+                self.taken -= len(tasks)
 
     def _run(self, tasks):
         try:

@@ -14,12 +14,13 @@ import numpy as np
 
 
 class _User:
-    __slots__ = ("items", "timestamps", "pages", "length", "state", "lock")
+    __slots__ = ("items", "timestamps", "pages", "length", "state", "lock", "busy")
 
     def __init__(self):
         self.items, self.timestamps, self.pages = [], [], []
         self.length, self.state = 0, None
         self.lock = threading.Lock()
+        self.busy = 0  # requests holding the entry (from `user` to `release`): not evictable
 
 
 class UserCache:
@@ -27,10 +28,11 @@ class UserCache:
     ``width`` or ``budget_bytes`` 0: then only the users' events are kept), and at most
     ``max_users`` users.
 
-    ``user(id)`` gives a user's entry (its ``lock`` held by the caller while it is read and
-    updated); ``rows(entry)`` the cached rows; ``append(key, entry, rows)`` stores new rows,
-    evicting the least recently used idle users as needed (False, the entry's rows freed, when
-    one user alone does not fit)."""
+    ``user(id)`` gives a user's entry, held until ``release(entry)`` (its ``lock`` taken by the
+    caller while it is read and updated; an entry held is never evicted); ``rows(entry)`` the
+    cached rows; ``append(key, entry, rows)`` stores new rows, evicting the least recently
+    used users not held as needed (False, the entry's rows freed, when one user alone does
+    not fit)."""
 
     def __init__(self, budget_bytes, width, dtype, page_rows=64, max_users=1_000_000):
         self.width, self.page_rows, self.max_users = int(width), int(page_rows), int(max_users)
@@ -49,18 +51,24 @@ class UserCache:
 
     def user(self, key):
         """``(entry, hit)``: the cached entry of `key` (most recently used now), or a new
-        empty one."""
+        empty one; held (not evictable) until ``release(entry)``."""
         with self.lock:
             entry = self.users.get(key)
             if entry is not None:
                 self.users.move_to_end(key)
                 self.hits += 1
+                entry.busy += 1
                 return entry, True
             while len(self.users) >= self.max_users and self._evict_one(key):
                 pass
             entry = self.users[key] = _User()
+            entry.busy += 1
             self.misses += 1
             return entry, False
+
+    def release(self, entry):
+        with self.lock:
+            entry.busy -= 1
 
     def rows(self, entry):
         if not entry.length:
@@ -77,8 +85,7 @@ class UserCache:
             self._release(entry)
 
     def _evict_one(self, key):
-        victim = next((k for k, e in self.users.items()
-                       if k != key and not e.lock.locked()), None)
+        victim = next((k for k, e in self.users.items() if k != key and not e.busy), None)
         if victim is not None:
             self._release(self.users.pop(victim))
             self.evictions += 1

@@ -80,9 +80,12 @@ class ModelServer:
         self.options = options
         self.metrics = _Metrics()
         self.ready = False
+        self._in_flight = 0  # :predict requests being handled (parsed, queued or run)
+        self._in_flight_lock = threading.Lock()
         self.batcher = (Batcher(options.max_batch_size, options.batch_timeout_micros,
                                 options.num_batch_threads, options.max_enqueued_batches,
-                                on_batch=self.metrics.batch.observe)
+                                on_batch=self.metrics.batch.observe,
+                                in_flight=lambda: self._in_flight)
                         if options.enable_batching else None)
         self.versions = Versions(options.model, on_load=self._prepare)
         self.ready = True
@@ -120,6 +123,11 @@ class ModelServer:
     def metadata(self, name, number=None):
         version = self.model(name, number)
         return version, version.metadata()
+
+    def predicting(self, delta):
+        """Counts a :predict request in (+1) and out (-1), for the batcher."""
+        with self._in_flight_lock:
+            self._in_flight += delta
 
     def predict(self, version, signature, tensors):
         if self.batcher is not None and batch_rows(signature, tensors) is not None and \
@@ -170,6 +178,14 @@ class ModelServer:
     def _recommend(self, version, user, items, stamps, history, k, exclude, candidates):
         cache, window = version.cache, version.info["max_seq_len"]
         entry, hit = cache.user(("u", user) if isinstance(user, int) else user)
+        try:
+            return self._answer(version, cache, entry, hit, user, items, stamps, history, k,
+                                exclude, candidates, window)
+        finally:
+            cache.release(entry)
+
+    def _answer(self, version, cache, entry, hit, user, items, stamps, history, k, exclude,
+                candidates, window):
         with entry.lock:
             hit = hit and bool(entry.items)
             if not hit and history is not None:
@@ -313,7 +329,11 @@ def rest_app(server, executor):
             tensors, rows = request_tensors(body, signature)
             return response_body(server.predict(version, signature, tensors), rows)
 
-        return web.json_response(await run("rest_predict", work))
+        server.predicting(+1)
+        try:
+            return web.json_response(await run("rest_predict", work))
+        finally:
+            server.predicting(-1)
 
     async def recommend(request):
         body = await body_of(request)
@@ -381,6 +401,13 @@ def grpc_server(server, address):
         return spec.version.value if spec.HasField("version") else None
 
     def predict(request, context):
+        server.predicting(+1)
+        try:
+            return call("grpc_predict", context, predict_work(request))
+        finally:
+            server.predicting(-1)
+
+    def predict_work(request):
         def work():
             version = server.model(request.model_spec.name, spec_version(request.model_spec))
             signature = version.signature(request.model_spec.signature_name)
@@ -401,7 +428,7 @@ def grpc_server(server, address):
             for key in wanted:
                 response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key]))
             return response
-        return call("grpc_predict", context, work)
+        return work
 
     def get_model_metadata(request, context):
         def work():
