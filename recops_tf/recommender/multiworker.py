@@ -71,7 +71,8 @@ def unsharded(model, config, num_items, group):
     return whole
 
 
-def _free_ports(count):
+def free_ports(count):
+    """`count` free TCP ports of 127.0.0.1 (bound then released)."""
     import socket
 
     sockets = [socket.socket() for _ in range(count)]
@@ -96,7 +97,7 @@ def launch(argv, workers, log_dir=None, poll=0.2, settle=15.0):
 
     log_dir = log_dir or tempfile.mkdtemp(prefix="recops_workers_")
     os.makedirs(log_dir, exist_ok=True)
-    hosts = [f"127.0.0.1:{p}" for p in _free_ports(workers)]
+    hosts = [f"127.0.0.1:{p}" for p in free_ports(workers)]
     procs, logs = [], []
     for i in range(workers):
         env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": hosts},

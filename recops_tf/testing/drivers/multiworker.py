@@ -11,7 +11,6 @@ computes the expected results without joining the group.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,18 +18,9 @@ import time
 
 import numpy as np
 
+from recops_tf.recommender.multiworker import free_ports
+
 DTYPES = ("float32", "bfloat16", "int64")
-
-
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def launch(scenario, workers, timeout=150.0, env=None):
