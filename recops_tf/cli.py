@@ -518,6 +518,11 @@ def _serve(args):
         if not -1 <= getattr(args, flag) <= 65535:
             raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: a port is "
                              "0..65535 (0: any free port, -1: off)")
+    for flag, value, bound in (("--cache-mb", args.cache_mb, ">= 0"),
+                               ("--batch-timeout-micros", args.batch_timeout_micros, ">= 0"),
+                               ("--poll-seconds", args.poll_seconds, "> 0")):
+        if not (value >= 0 if bound == ">= 0" else value > 0):
+            raise UsageError(f"{flag} {value}: must be {bound}")
     try:
         from recops_tf import serving
     except ImportError as e:

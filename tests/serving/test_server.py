@@ -416,6 +416,8 @@ def test_cli_serve_starts_answers_and_drains_on_sigterm(tmp_path):
     (["--model", "/nonexistent"], "no such directory"),
     (["--model", ".", "--rest-port", "70000"], "a port is"),
     (["--model", "tests"], "no SavedModel"),
+    (["--model", ".", "--cache-mb", "-1"], "--cache-mb -1"),
+    (["--model", ".", "--poll-seconds", "0"], "--poll-seconds 0"),
 ])
 def test_cli_serve_bad_inputs_exit_2(argv, words, capsys):
     from recops_tf import cli
