@@ -308,6 +308,8 @@ def _train(args, argv):
         raise UsageError(f"--worker-timeout {args.worker_timeout}: seconds, more than 0")
     group = None
     if os.environ.get("TF_CONFIG"):  # one worker of a cluster (ours, or a user's TF_CONFIG)
+        from recops_tf.recommender import multiworker  # the module training.py beats
+
         try:
             group = multiworker.cluster_group(args.worker_timeout)
         except (ValueError, KeyError) as e:
@@ -383,6 +385,7 @@ def _train(args, argv):
     model = result.model
     if group is not None:  # the whole item table, gathered from the shards (every worker)
         model = multiworker.unsharded(result.model, config, dataset.num_items, group)
+        multiworker.stop_watchdog()
         if not chief:
             return 0
     seconds = result.train_seconds

@@ -37,15 +37,21 @@ class Group:
         which start at 1).
       timeout: seconds a collective may wait for the other ranks; a rank that died or never
         joined is then an error, never a hang.
+        None: no limit (a dead rank still fails the next collective at once; a hung one is
+        then for the caller to detect, e.g. a watchdog). TensorFlow holds a sleeping thread
+        per collective for its timeout, so hundreds of collectives a second with a 60 s timeout
+        keep thousands of threads alive: a training loop should use None and a watchdog
+        (``recops_tf.recommender.multiworker`` does).
     """
 
     def __init__(self, rank, world_size, device=None, group_key=7100, timeout=60.0):
         if not 0 <= int(rank) < int(world_size):
             raise ValueError(f"rank must be in [0, world_size = {world_size}), got {rank}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
         self.rank, self.world_size = int(rank), int(world_size)
-        self.device, self.group_key, self.timeout = device, int(group_key), float(timeout)
+        self.device, self.group_key = device, int(group_key)
+        self.timeout = None if timeout is None else float(timeout)
         with tf.init_scope():
             self._instance = tf.Variable(0, dtype=tf.int32, trainable=False,
                                          name="collective_instance_key")
@@ -69,7 +75,7 @@ class Group:
     def _attrs(self):
         return dict(group_size=self.world_size, group_key=self.group_key,
                     instance_key=self._key(), ordering_token=[],
-                    timeout_seconds=self.timeout)
+                    timeout_seconds=self.timeout or 0.0)
 
     def _device(self):
         return tf.device(self.device) if self.device else _NullContext()

@@ -23,6 +23,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -30,9 +31,51 @@ import numpy as np
 WORKER_ENV = "RECOPS_WORKER"  # set by `launch` in the workers it starts
 
 
+class _Watchdog:
+    """Ends this worker (exit status 1, one line naming the group failure) when it makes no
+    progress (`beat`) for `timeout` seconds, `startup` before the first beat. The group's
+    collectives have no timeout of their own: TensorFlow keeps a sleeping thread per
+    collective for its timeout, thousands at a training step's rate."""
+
+    def __init__(self, rank, timeout, startup):
+        self.rank, self.timeout, self.allowance = rank, timeout, startup
+        self.last, self.stopped = time.monotonic(), False
+        threading.Thread(target=self._watch, daemon=True, name="recops-watchdog").start()
+
+    def beat(self):
+        self.last, self.allowance = time.monotonic(), self.timeout
+
+    def _watch(self):
+        while not self.stopped:
+            time.sleep(min(1.0, self.timeout / 4))
+            idle = time.monotonic() - self.last
+            if idle > self.allowance and not self.stopped:
+                sys.stderr.write(f"recops-tf train: error: worker {self.rank}: the group failed "
+                                 f"(no progress for {idle:.0f} s: a worker stopped answering)\n")
+                sys.stderr.flush()
+                os._exit(1)
+
+
+_WATCHDOG = []
+
+
+def beat():
+    """Marks progress of this worker (a training step, an evaluation batch)."""
+    if _WATCHDOG:
+        _WATCHDOG[0].beat()
+
+
+def stop_watchdog():
+    """After the last collective (the chief then exports alone)."""
+    if _WATCHDOG:
+        _WATCHDOG[0].stopped = True
+
+
 def cluster_group(timeout=60.0):
     """This process's ``Group`` when ``TF_CONFIG`` names a cluster of several workers, else
-    None. Joins the cluster (TensorFlow's gRPC server of this worker starts here)."""
+    None. Joins the cluster (TensorFlow's gRPC server of this worker starts here), and starts
+    the watchdog that ends the worker after `timeout` seconds without progress (10 minutes
+    before training starts: reading and profiling the data)."""
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     workers = config.get("cluster", {}).get("worker") or []
     if len(workers) < 2:
@@ -42,7 +85,9 @@ def cluster_group(timeout=60.0):
         raise ValueError("TF_CONFIG: task must be {'type': 'worker', 'index': i}")
     from recops_tf import distributed
 
-    return distributed.connect(workers, int(task["index"]), timeout=timeout)
+    group = distributed.connect(workers, int(task["index"]), timeout=None)
+    _WATCHDOG[:] = [_Watchdog(group.rank, float(timeout), max(600.0, float(timeout)))]
+    return group
 
 
 def unsharded(model, config, num_items, group):

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from recops_tf.optimizers.lazy_adam import LazyAdam
-from recops_tf.recommender import evaluation
+from recops_tf.recommender import evaluation, multiworker
 from recops_tf.recommender.model import (ENCODERS, LOSSES, GenerativeRecommender, last_states,
                                          next_item_loss)
 
@@ -250,10 +250,16 @@ def train_step(model, optimizer, generator, config, num_items, group=None):
                 loss /= positions
         variables = model.trainable_variables
         grads = tape.gradient(loss, variables)
-        if world > 1:
-            grads = [g if id(v) in anchors or g is None else group.all_reduce_sum(g)
-                     for g, v in zip(grads, variables)]
-            loss = group.all_reduce_sum(loss)
+        if world > 1:  # one all-reduce of every dense gradient and the loss, flattened
+            dense = [i for i, (g, v) in enumerate(zip(grads, variables))
+                     if g is not None and id(v) not in anchors]
+            parts = [tf.convert_to_tensor(grads[i]) for i in dense]
+            summed = group.all_reduce_sum(tf.concat(
+                [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in parts] + [loss[None]], 0))
+            pieces = tf.split(summed, [int(np.prod(g.shape)) for g in parts] + [1])
+            for i, g, piece in zip(dense, parts, pieces):
+                grads[i] = tf.cast(tf.reshape(piece, tf.shape(g)), g.dtype)
+            loss = pieces[-1][0]
         optimizer.apply(grads, variables)
         return loss
 
@@ -327,6 +333,8 @@ def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=
     rank = ranker(model, exclude_seen)
     out = []
     for first in range(0, len(users), batch_size):
+        if world > 1:
+            multiworker.beat()
         part = users[first:first + batch_size]
         out.append(rank(_ragged(_tail([histories[u] for u in part], model.max_seq_len)),
                         _ragged(_tail([stamps[u] for u in part], model.max_seq_len)),
@@ -558,6 +566,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
             if timing["first_step"] is None:  # includes tracing the step
                 timing["first_step"] = time.perf_counter() - began
             done += 1
+            if world > 1:
+                multiworker.beat()
             state.steps.assign_add(1)
             state.step_in_epoch.assign_add(1)
             if math.isnan(float(state.first_loss)):
