@@ -153,7 +153,8 @@ class ModelServer:
         if not isinstance(user, (str, int)) or isinstance(user, bool):
             raise RequestError(400, "'user_id' (a string or an integer) is required")
         items = version.item_ids(body.get("items", []), "items")
-        stamps = _timestamps(body.get("timestamps"), len(items), "timestamps")
+        stamps = (None if body.get("timestamps") is None else  # None: given a time below
+                  _timestamps(body["timestamps"], len(items), "timestamps"))
         history = body.get("history")
         if history is not None and not isinstance(history, dict):
             raise RequestError(400, "'history' must be an object with 'items' and 'timestamps'")
@@ -188,6 +189,11 @@ class ModelServer:
                 candidates, window):
         with entry.lock:
             hit = hit and bool(entry.items)
+            if stamps is None:  # a second apart, ending now, after the user's last event
+                end = int(time.time())
+                if hit:
+                    end = max(end, int(entry.timestamps[-1]) + len(items))
+                stamps = np.arange(end - len(items) + 1, end + 1, dtype=np.int64)
             if not hit and history is not None:
                 past = version.item_ids(history.get("items", []), "history.items")
                 past_ts = _timestamps(history.get("timestamps"), len(past), "history.timestamps",
