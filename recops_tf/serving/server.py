@@ -130,11 +130,11 @@ class ModelServer:
             self._in_flight += delta
 
     def predict(self, version, signature, tensors):
-        if self.batcher is not None and batch_rows(signature, tensors) is not None and \
-                batch_rows(signature, tensors) <= self.options.max_batch_size:
+        rows = batch_rows(signature, tensors)
+        if self.batcher is not None and rows is not None and rows <= self.options.max_batch_size:
             return self.batcher.submit(version, signature, tensors)
         out = signature(tensors)
-        self.metrics.batch.observe(batch_rows(signature, tensors) or 1)
+        self.metrics.batch.observe(rows or 1)
         return out
 
     def recommend(self, version, body):
