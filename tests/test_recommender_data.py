@@ -313,3 +313,38 @@ def test_bad_arguments(tmp_path, kwargs, message):
 
 def test_formats_constant():
     assert data.FORMATS == ("ml-100k", "ml-1m", "ml-csv", "sasrec", "csv")
+
+
+@pytest.mark.parametrize("format", ["ml-100k", "ml-1m", "ml-csv"])
+@pytest.mark.parametrize("block", [True, False])
+def test_ratings_follow_their_events(tmp_path, format, block, monkeypatch):
+    if not block:  # the line-by-line reader (a block that numpy does not take)
+        monkeypatch.setattr(data, "_plain", lambda text, separators: False)
+    dataset = rec.load(write(tmp_path, format), ratings=True)
+    half = 0.5 if format == "ml-csv" else 0.0
+    # Time order of ROWS' users 2 and 10 (see test_every_format_is_read_in_time_order).
+    assert [r.tolist() for r in dataset.ratings] == [[3 + half, 4 + half, 1 + half, 5 + half],
+                                                      [2 + half, 4 + half, 2 + half, 2 + half]]
+    assert rec.load(write(tmp_path, format)).ratings is None  # only when asked
+
+
+def test_ratings_survive_the_k_core(tmp_path):
+    dataset = rec.load(write(tmp_path, "ml-100k"), ratings=True, min_interactions=2)
+    for items, ratings in zip(dataset.items, dataset.ratings):
+        assert len(items) == len(ratings)
+
+
+def test_csv_rating_column_and_bad_ratings(tmp_path):
+    path = tmp_path / "e.csv"
+    path.write_text("user,item,stars,t\nu,a,4.5,1\nu,b,2,2\nu,c,5,3\n")
+    dataset = rec.load(path, rating_col="stars", time_col="t")
+    assert dataset.ratings[0].tolist() == [4.5, 2.0, 5.0]
+    with pytest.raises(data.DataError, match="no column 'rating'"):
+        rec.load(path, ratings=True, time_col="t")
+    path.write_text("user,item,stars,t\nu,a,4.5,1\nu,b,x,2\nu,c,5,3\n")
+    with pytest.raises(data.DataError, match=r"e.csv:3: rating 'x' is not a number"):
+        rec.load(path, rating_col="stars", time_col="t")
+    with pytest.raises(data.DataError, match="no ratings"):
+        rec.load(write(tmp_path, "sasrec"), ratings=True)
+    with pytest.raises(ValueError, match="rating_col"):
+        rec.load(write(tmp_path, "ml-100k"), format="ml-100k", rating_col="r")

@@ -29,6 +29,7 @@ class Dataset:
     item_names: np.ndarray = None  # original ids of items 1..num_items (index i - 1)
     user_names: np.ndarray = None  # original ids of the users, in the order of `items`
     has_time: bool = True  # False: the file had no time; timestamps are positions 0, 1, ...
+    ratings: List[np.ndarray] = None  # per user, float32 ratings (``load(ratings=True)``)
 
     @property
     def num_users(self):
@@ -51,7 +52,7 @@ _LEADING_ZERO = re.compile(rb"\n0[0-9]")
 
 
 def load(path, format=None, user_col=None, item_col=None, time_col=None, min_interactions=0,
-         min_history=3):
+         min_history=3, ratings=False, rating_col=None):
     """Reads an interaction file into per-user histories in time order.
 
     Formats (`FORMATS`; docs/data.md has examples):
@@ -87,6 +88,10 @@ def load(path, format=None, user_col=None, item_col=None, time_col=None, min_int
         exist; the default ``timestamp`` may be missing.
       min_interactions: k of the k-core filter; 0 keeps every user and item.
       min_history: the fewest interactions a user keeps (3 by default).
+      ratings: also read each event's rating (or any numeric action value) into
+        ``Dataset.ratings``: MovieLens' rating field, a CSV's `rating_col` (default
+        ``rating``). SASRec's files have none (a DataError).
+      rating_col: the rating column of a ``"csv"`` file (implies `ratings`).
 
     Returns:
       A `Dataset` with `item_names` and `user_names` (original ids as str) and `has_time`
@@ -103,10 +108,11 @@ def load(path, format=None, user_col=None, item_col=None, time_col=None, min_int
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; the formats are {', '.join(FORMATS)}")
     columns = (user_col, item_col, time_col)
-    if any(c is not None for c in columns):
+    ratings = bool(ratings) or rating_col is not None
+    if any(c is not None for c in columns + (rating_col,)):
         if format not in (None, CSV):
-            raise ValueError(f"user_col, item_col and time_col name the columns of a 'csv' "
-                             f"file; the format {format!r} has fixed columns")
+            raise ValueError(f"user_col, item_col, time_col and rating_col name the columns "
+                             f"of a 'csv' file; the format {format!r} has fixed columns")
         format = CSV
     if isinstance(min_interactions, bool) or int(min_interactions) != min_interactions \
             or min_interactions < 0:
@@ -123,18 +129,26 @@ def load(path, format=None, user_col=None, item_col=None, time_col=None, min_int
         raise DataError(f"{path}: the file is empty")
     if format is None:
         format = _detect(path, *first)
+    if ratings and format == SASREC:
+        raise DataError(f"{path}: SASRec's 'user item' files have no ratings")
     try:
         with open(path, encoding=_ENCODINGS[format]) as f:
             if format in (ML_CSV, CSV):
-                users, items, stamps = _read_csv(path, f, format == ML_CSV, *columns)
+                users, items, stamps, values = _read_csv(path, f, format == ML_CSV, *columns,
+                                                         rating_col if ratings else False)
             else:
-                users, items, stamps = _read(path, f, 1, *_LINE_FORMATS[format])
+                parse, rows, has_time = _LINE_FORMATS[format]
+                if ratings:
+                    parse = _RATED_PARSERS[format]
+                users, items, stamps, values = _read(path, f, 1, parse, rows, has_time,
+                                                     ratings)
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason}: byte "
                         f"{e.object[e.start:e.start + 1]!r}); save the file as UTF-8") from None
     if not len(users):
         raise DataError(f"{path}: the file has a header but no interactions")
-    return _preprocess(path, users, items, stamps, int(min_interactions), int(min_history))
+    return _preprocess(path, users, items, stamps, int(min_interactions), int(min_history),
+                       values)
 
 
 def _first_line(path):
@@ -172,7 +186,7 @@ def _detect(path, number, line):
 
 
 # Line by line: every malformed line is an error naming it. Each reader yields
-# (line number, user, item, timestamp text or None).
+# (line number, user, item, timestamp text or None, rating text or None).
 
 def _ml_1m_rows(path, lines, number):
     for number, line in enumerate(lines, number):
@@ -183,7 +197,7 @@ def _ml_1m_rows(path, lines, number):
         if len(parts) != 4:
             raise DataError(f"{path}:{number}: expected UserID::MovieID::Rating::Timestamp, "
                             f"got {line[:80]!r}")
-        yield number, parts[0].strip(), parts[1].strip(), parts[3].strip()
+        yield number, parts[0].strip(), parts[1].strip(), parts[3].strip(), parts[2].strip()
 
 
 def _ml_100k_rows(path, lines, number):
@@ -194,7 +208,7 @@ def _ml_100k_rows(path, lines, number):
         if len(parts) != 4:
             raise DataError(f"{path}:{number}: expected 4 tab-separated fields (user item "
                             f"rating timestamp), got {line.strip()[:80]!r}")
-        yield number, parts[0], parts[1], parts[3]
+        yield number, parts[0], parts[1], parts[3], parts[2]
 
 
 def _sasrec_rows(path, lines, number):
@@ -205,12 +219,12 @@ def _sasrec_rows(path, lines, number):
         if len(parts) != 2:
             raise DataError(f"{path}:{number}: expected 2 fields separated by whitespace (user "
                             f"item), got {line.strip()[:80]!r}")
-        yield number, parts[0], parts[1], None
+        yield number, parts[0], parts[1], None, None
 
 
 def _csv_rows(path, lines, first, columns, width):
     reader = csv.reader(lines)
-    user, item, stamp = columns
+    user, item, stamp, rating = columns
     consumed = 0
     try:
         for row in reader:
@@ -221,7 +235,8 @@ def _csv_rows(path, lines, first, columns, width):
                 raise DataError(f"{path}:{number}: expected {width} columns as in the header, "
                                 f"got {len(row)}: {str(row)[:80]}")
             yield (number, row[user].strip(), row[item].strip(),
-                   None if stamp is None else row[stamp].strip())
+                   None if stamp is None else row[stamp].strip(),
+                   None if rating is None else row[rating].strip())
     except csv.Error as e:
         raise DataError(f"{path}:{first + reader.line_num}: {e}") from None
 
@@ -242,6 +257,16 @@ def _timestamp(path, number, text):
     return value
 
 
+def _rating(path, number, text):
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise DataError(f"{path}:{number}: rating {text!r} is not a number")
+    return value
+
+
 def _ids(names):
     """The ids of a block as an array: int64 when every one is an integer written as
     ``str(int(x))`` writes it (so the integer gives the name back), else str."""
@@ -253,21 +278,28 @@ def _ids(names):
     return ints if np.array_equal(ints.astype(str), array) else array
 
 
-def _collect(path, rows, has_time):
-    """Arrays (users, items, timestamps or None), a block of rows at a time, of the rows."""
-    parts, users, items, stamps = [], [], [], []
-    for number, user, item, stamp in rows:
+def _collect(path, rows, has_time, rated=False):
+    """Arrays (users, items, timestamps or None, ratings or None), a block of rows at a time,
+    of the rows."""
+    parts, users, items, stamps, values = [], [], [], [], []
+
+    def block():
+        return (_ids(users), _ids(items), np.array(stamps, np.int64) if has_time else None,
+                np.array(values, np.float64) if rated else None)
+
+    for number, user, item, stamp, value in rows:
         if not user or not item:
             raise DataError(f"{path}:{number}: empty user or item")
         users.append(user)
         items.append(item)
         if has_time:
             stamps.append(_timestamp(path, number, stamp))
+        if rated:
+            values.append(_rating(path, number, value))
         if len(users) == _BLOCK_ROWS:
-            parts.append((_ids(users), _ids(items),
-                          np.array(stamps, np.int64) if has_time else None))
-            users, items, stamps = [], [], []
-    parts.append((_ids(users), _ids(items), np.array(stamps, np.int64) if has_time else None))
+            parts.append(block())
+            users, items, stamps, values = [], [], [], []
+    parts.append(block())
     return parts
 
 
@@ -291,15 +323,17 @@ def _plain(text, separators):
 
 def _block_parser(delimiter, separators, fields, colons=False):
     """A parser of blocks of lines with `fields` per line ('u' user, 'i' item, 't' time,
-    '-' ignored), separated by `delimiter` (None: whitespace), that returns (users, items,
-    timestamps or None) or None when the block is not plain. `colons`: '::' separates."""
-    kinds = {"u": np.int64, "i": np.int64, "t": np.int64, "-": np.float64}
+    'r' rating, '-' ignored), separated by `delimiter` (None: whitespace), that returns
+    (users, items, timestamps or None, ratings or None) or None when the block is not plain.
+    `colons`: '::' separates."""
+    kinds = {"u": np.int64, "i": np.int64, "t": np.int64, "r": np.float64, "-": np.float64}
     dtypes = [np.dtype([(f"f{j}", kinds[kind]) for j, kind in enumerate(fields)])]
     if "t" in fields:  # integer times parse faster; float times take a second try
         kinds["t"] = np.float64
         dtypes.append(np.dtype([(f"f{j}", kinds[kind]) for j, kind in enumerate(fields)]))
     user, item = f"f{fields.index('u')}", f"f{fields.index('i')}"
     stamp = f"f{fields.index('t')}" if "t" in fields else None
+    rating = f"f{fields.index('r')}" if "r" in fields else None
 
     def parse(text):
         if colons:
@@ -327,8 +361,12 @@ def _block_parser(delimiter, separators, fields, colons=False):
             if not np.all(np.abs(times) < _EXACT):
                 return None
             times = np.floor(times).astype(np.int64)
+        values = None if rating is None else table[rating].copy()
+        if values is not None and not np.all(np.isfinite(values)):
+            return None  # the line-by-line reader names the line
         # Copies, so that the table (with the ignored columns) is freed.
-        return table[user].copy(), table[item].copy(), None if times is None else times.copy()
+        return (table[user].copy(), table[item].copy(),
+                None if times is None else times.copy(), values)
 
     return parse
 
@@ -341,12 +379,13 @@ def _concat(parts):
     return np.concatenate([p.astype(str) if p.dtype.kind == "i" else p for p in parts])
 
 
-def _read(path, f, number, parse, rows, has_time):
-    """(users, items, timestamps or None) of the lines of `f`, the first being line `number`:
-    `parse` takes blocks of lines until one is not plain, then `rows` reads the rest line by
-    line."""
+def _read(path, f, number, parse, rows, has_time, rated=False):
+    """(users, items, timestamps or None, ratings or None) of the lines of `f`, the first
+    being line `number`: `parse` takes blocks of lines until one is not plain, then `rows`
+    reads the rest line by line."""
     parts = [(np.zeros(0, np.int64), np.zeros(0, np.int64),
-              np.zeros(0, np.int64) if has_time else None)]
+              np.zeros(0, np.int64) if has_time else None,
+              np.zeros(0, np.float64) if rated else None)]
     carry = ""  # the start of a line that the next read completes
     while True:
         chunk = f.read(_BLOCK_BYTES)
@@ -363,11 +402,11 @@ def _read(path, f, number, parse, rows, has_time):
         parsed = parse(block)
         if parsed is None:
             lines = itertools.chain(io.StringIO(block + carry + f.readline()), f)
-            parts += _collect(path, rows(path, lines, number), has_time)
+            parts += _collect(path, rows(path, lines, number), has_time, rated)
             break
         parts.append(parsed)
         number += block.count("\n")
-    return tuple(_concat([p[k] for p in parts]) for k in range(3))
+    return tuple(_concat([p[k] for p in parts]) for k in range(4))
 
 
 _LINE_FORMATS = {  # format: (block parser, line-by-line reader, has time)
@@ -375,9 +414,12 @@ _LINE_FORMATS = {  # format: (block parser, line-by-line reader, has time)
     ML_1M: (_block_parser("\t", b"\t", "ui-t", colons=True), _ml_1m_rows, True),
     SASREC: (_block_parser(None, b" \t", "ui"), _sasrec_rows, False),
 }
+_RATED_PARSERS = {ML_100K: _block_parser(None, b" \t", "uirt"),
+                  ML_1M: _block_parser("\t", b"\t", "uirt", colons=True)}
 
 
-def _read_csv(path, f, movielens, user_col, item_col, time_col):
+def _read_csv(path, f, movielens, user_col, item_col, time_col, rating_col=False):
+    """`rating_col`: False (no ratings), None (the default column) or a column name."""
     for number, line in enumerate(f, 1):
         if line.strip():
             break
@@ -387,6 +429,10 @@ def _read_csv(path, f, movielens, user_col, item_col, time_col):
             raise DataError(f"{path}:{number}: expected the header userId,movieId,rating,"
                             f"timestamp, got {line.strip()[:80]!r}")
         columns = [header.index(name) for name in ("userId", "movieId", "timestamp")]
+        if rating_col is not False:
+            if "rating" not in header:
+                raise DataError(f"{path}:{number}: the header has no rating column")
+            columns.append(header.index("rating"))
     else:
         lower = [h.lower() for h in header]
         columns = []
@@ -400,20 +446,28 @@ def _read_csv(path, f, movielens, user_col, item_col, time_col):
             else:
                 raise DataError(f"{path}:{number}: the header has no column "
                                 f"{name or default!r} ({flag}); its columns are {header}")
+        if rating_col is not False:
+            name = (rating_col or "rating").lower()
+            if name not in lower:
+                raise DataError(f"{path}:{number}: the header has no column "
+                                f"{rating_col or 'rating'!r} (--rating-col); its columns are "
+                                f"{header}")
+            columns.append(lower.index(name))
         chosen = [c for c in columns if c is not None]
         if len(set(chosen)) != len(chosen):
-            raise ValueError(f"the user, item and time columns must differ, got "
+            what = "item and time" if rating_col is False else "item, time and rating"
+            raise ValueError(f"the user, {what} columns must differ, got "
                              f"{[header[c] for c in chosen]}")
     fields = ["-"] * len(header)
-    for kind, column in zip("uit", columns):
+    for kind, column in zip("uitr", columns):
         if column is not None:
             fields[column] = kind
 
     def rows(path, lines, first):
-        return _csv_rows(path, lines, first, columns, len(header))
+        return _csv_rows(path, lines, first, (columns + [None])[:4], len(header))
 
     return _read(path, f, number + 1, _block_parser(",", b",", "".join(fields)), rows,
-                 columns[2] is not None)
+                 columns[2] is not None, rating_col is not False)
 
 
 def _index(ids):
@@ -428,7 +482,7 @@ def _index(ids):
     return np.unique(ids, return_inverse=True)
 
 
-def _preprocess(path, users, items, stamps, min_interactions, min_history):
+def _preprocess(path, users, items, stamps, min_interactions, min_history, values=None):
     user_names, user = _index(users)
     item_names, item = _index(items)
     rows = np.arange(len(user))  # file order
@@ -466,8 +520,12 @@ def _preprocess(path, users, items, stamps, min_interactions, min_history):
         times = np.arange(len(rows)) - np.repeat(ends - counts, counts)
     bounds = list(zip((ends - counts).tolist(), ends.tolist()))  # (slices: np.split is slow)
     item, times = item.astype(np.int64) + 1, times.astype(np.int64)
+    rated = None
+    if values is not None:
+        values = values[rows[order]].astype(np.float32)
+        rated = [values[a:b] for a, b in bounds]
     return Dataset([item[a:b] for a, b in bounds], [times[a:b] for a, b in bounds],
                    len(kept_items), path,
                    item_names=item_names[kept_items].astype(str),
                    user_names=user_names[kept_users].astype(str),
-                   has_time=stamps is not None)
+                   has_time=stamps is not None, ratings=rated)
