@@ -53,10 +53,18 @@ class HSTUBlock(keras.layers.Layer):
     ``[B, S, d_model]`` whose rows all have length S); ``timestamps`` (for a relative bias
     with a time part, in the inputs' layout); ``num_targets`` ``[B]`` (causal mask's target
     block; ``target_group_size``); ``training``; ``lengths`` ``[B]``: the row lengths of a
-    padded dense input (the padding is skipped and comes out as zeros). A dense input whose
+    padded dense input (the padding is skipped and comes out as zeros); ``num_context``
+    ``[B]``: the causal mask's context rule (``hstu_attention``'s ``num_context``: the first
+    ``num_context[b]`` tokens of sequence b see every non-target token of it; not with
+    ``gr_mask``). A dense input whose
     sequence length is unknown when traced (a padded batch, or what Keras' ``model.export()``
     makes of a ragged ``keras.Input``) is refused without ``lengths``: export models on
     ragged inputs with ``recops_tf.saving.export``.
+
+    Inference helpers (what ``call`` and ``extend`` are made of, for callers that run the
+    attention themselves, e.g. ``recops_tf.recommender.mfalcon`` over a paged KV cache):
+    ``project(rows)`` gives ``(u, v, q, k)`` and ``finish(rows, attn, u)`` the block's output
+    rows, so ``finish(x, attention(q, k, v), u)`` with ``u, v, q, k = project(x)`` is the block.
 
     The layer has no XLA kernel: it sets ``supports_jit = False``, so Keras never compiles a
     model using it with XLA (``jit_compile="auto"`` and ``True`` both run without).
@@ -115,32 +123,73 @@ class HSTUBlock(keras.layers.Layer):
         if self.relative_bias is not None and not self.relative_bias.built:
             self.relative_bias.build(None)
 
-    def _block(self, rows, splits, timestamps, num_targets, training):
-        """The block on jagged rows ``[T, d_model]``; ``timestamps`` ``[T]`` or None."""
+    @property
+    def _kernel(self):
+        return "fused" if self.use_fused else "reference"
+
+    def project(self, rows):
+        """The block's input side on token rows: ``(u, v, q, k)`` of ``rows`` ``[n, d_model]``.
+
+        ``rows`` are cast to the layer's compute dtype (as ``__call__`` autocasts its inputs),
+        then ``u, v, q, k = split(silu(LayerNorm(rows) · W_uvqk + b_uvqk))``
+        (``in_linear_silu``): ``u``, ``v`` ``[n, num_heads * value_dim]`` and ``q``, ``k``
+        ``[n, num_heads * head_dim]``, in the compute dtype. Row-wise: a token's projections do
+        not depend on the other rows. Builds the layer on first use.
+        """
+        if not self.built:
+            self.build(rows.shape)
+        rows = tf.cast(rows, self.compute_dtype)
+        dtype = rows.dtype
+        return tuple(in_linear_silu(self.input_norm(rows), tf.cast(self.uvqk_kernel, dtype),
+                                    tf.cast(self.uvqk_bias, dtype), self._splits,
+                                    weight_layout="kn", kernel=self._kernel))
+
+    def finish(self, rows, attn, u, training=False):
+        """The block's output side: ``rows + (dropout(LayerNorm(attn) · w + b) * u) · W_o +
+        b_o`` (``norm_multiply_dropout``, the output projection, the residual).
+
+        Args:
+          rows: ``[n, d_model]`` the block's input rows (cast to the compute dtype).
+          attn: the attention output of those rows, ``[n, num_heads, value_dim]`` or
+            ``[n, num_heads * value_dim]``.
+          u: ``[n, num_heads * value_dim]`` from ``project(rows)``.
+          training: dropout on (a new mask every call: the layer's step counter advances).
+
+        Returns:
+          ``[n, d_model]`` output rows in the compute dtype. Row-wise, like ``project``.
+        """
+        rows = tf.cast(rows, self.compute_dtype)
         dtype = rows.dtype
         cast = lambda w: tf.cast(w, dtype)  # noqa: E731
-        normed = self.input_norm(rows)
-        n, dq, dv = self.num_heads, self.head_dim, self.value_dim
         rate = self.dropout_rate if training else 0.0
         seed = tf.stack([tf.constant(self.seed, tf.int64), tf.identity(self.step)])
-        kernel = "fused" if self.use_fused else "reference"
-        attn_kw = dict(seq_offsets=splits, max_seq_len=self.max_seq_len, alpha=self.alpha,
-                       silu_scale=self.silu_scale, mask_type=self.mask_type,
-                       gr_mask=self.gr_mask, kernel=kernel)
-        if num_targets is not None:
-            attn_kw.update(num_target=num_targets, target_group_size=self.target_group_size)
-        if self.relative_bias is not None:
-            attn_kw.update(self.relative_bias.attention_kwargs(timestamps, dtype))
-        u, v, q, k = in_linear_silu(normed, cast(self.uvqk_kernel), cast(self.uvqk_bias),
-                                    self._splits, weight_layout="kn", kernel=kernel)
-        attn = hstu_attention(tf.reshape(q, [-1, n, dq]), tf.reshape(k, [-1, n, dq]),
-                              tf.reshape(v, [-1, n, dv]), **attn_kw)
-        y = norm_multiply_dropout(tf.reshape(attn, [-1, n * dv]), u, cast(self.norm_weight),
-                                  cast(self.norm_bias), epsilon=self.epsilon, dropout_rate=rate,
-                                  seed=seed, kernel=kernel)
+        y = norm_multiply_dropout(tf.reshape(attn, [-1, self.num_heads * self.value_dim]), u,
+                                  cast(self.norm_weight), cast(self.norm_bias),
+                                  epsilon=self.epsilon, dropout_rate=rate, seed=seed,
+                                  kernel=self._kernel)
         if training and self.dropout_rate > 0.0:
             self.step.assign_add(1)
         return rows + tf.matmul(y, cast(self.out_kernel)) + cast(self.out_bias)
+
+    def _heads(self, x, dim):
+        return tf.reshape(x, [-1, self.num_heads, dim])
+
+    def _block(self, rows, splits, timestamps, num_targets, num_context, training):
+        """The block on jagged rows ``[T, d_model]``; ``timestamps`` ``[T]`` or None."""
+        attn_kw = dict(seq_offsets=splits, max_seq_len=self.max_seq_len, alpha=self.alpha,
+                       silu_scale=self.silu_scale, mask_type=self.mask_type,
+                       gr_mask=self.gr_mask, kernel=self._kernel)
+        if num_targets is not None:
+            attn_kw.update(num_target=num_targets, target_group_size=self.target_group_size)
+        if num_context is not None:
+            attn_kw.update(num_context=num_context)
+        if self.relative_bias is not None:
+            attn_kw.update(self.relative_bias.attention_kwargs(timestamps, rows.dtype))
+        u, v, q, k = self.project(rows)
+        dq, dv = self.head_dim, self.value_dim
+        attn = hstu_attention(self._heads(q, dq), self._heads(k, dq), self._heads(v, dv),
+                              **attn_kw)
+        return self.finish(rows, attn, u, training=training)
 
     def extend(self, rows, past_keys, past_values, timestamps=None):
         """Incremental inference with a key/value cache, for one sequence.
@@ -157,16 +206,9 @@ class HSTUBlock(keras.layers.Layer):
         """
         if self.gr_mask is not None or self.mask_type != "causal" or self.target_group_size:
             raise ValueError("HSTUBlock.extend supports the plain causal mask only")
-        if not self.built:
-            self.build(rows.shape)
+        u, v, q, k = self.project(rows)
         rows = tf.cast(rows, self.compute_dtype)  # as __call__ autocasts its inputs
         dtype = rows.dtype
-        cast = lambda w: tf.cast(w, dtype)  # noqa: E731
-        n, dq, dv = self.num_heads, self.head_dim, self.value_dim
-        kernel = "fused" if self.use_fused else "reference"
-        u, v, q, k = in_linear_silu(self.input_norm(rows), cast(self.uvqk_kernel),
-                                    cast(self.uvqk_bias), self._splits, weight_layout="kn",
-                                    kernel=kernel)
         keys = tf.concat([tf.cast(past_keys, dtype), k], 0)
         values = tf.concat([tf.cast(past_values, dtype), v], 0)
         zero = tf.zeros([1], tf.int64)
@@ -174,24 +216,22 @@ class HSTUBlock(keras.layers.Layer):
                        seq_offsets_k=tf.concat([zero, tf.shape(keys, out_type=tf.int64)[:1]], 0),
                        max_seq_len=self.max_seq_len, max_seq_len_k=self.max_seq_len,
                        alpha=self.alpha, silu_scale=self.silu_scale, mask_type="causal",
-                       kernel=kernel)
+                       kernel=self._kernel)
         if self.relative_bias is not None:
             attn_kw.update(self.relative_bias.attention_kwargs(timestamps, dtype))
-        attn = hstu_attention(tf.reshape(q, [-1, n, dq]), tf.reshape(keys, [-1, n, dq]),
-                              tf.reshape(values, [-1, n, dv]), **attn_kw)
-        seed = tf.stack([tf.constant(self.seed, tf.int64), tf.identity(self.step)])
-        y = norm_multiply_dropout(tf.reshape(attn, [-1, n * dv]), u, cast(self.norm_weight),
-                                  cast(self.norm_bias), epsilon=self.epsilon, dropout_rate=0.0,
-                                  seed=seed, kernel=kernel)
-        return rows + tf.matmul(y, cast(self.out_kernel)) + cast(self.out_bias), k, v
+        dq, dv = self.head_dim, self.value_dim
+        attn = hstu_attention(self._heads(q, dq), self._heads(keys, dq),
+                              self._heads(values, dv), **attn_kw)
+        return self.finish(rows, attn, u), k, v
 
-    def call(self, inputs, timestamps=None, num_targets=None, training=None, lengths=None):
+    def call(self, inputs, timestamps=None, num_targets=None, training=None, lengths=None,
+             num_context=None):
         training = bool(training)
         if self.relative_bias is None and timestamps is not None:
             raise ValueError("HSTUBlock: timestamps need a relative_bias layer")
         seqs = sequences(self, inputs, lengths)
         return seqs.output(self._block(seqs.rows, seqs.offsets, seqs.rows_of(timestamps),
-                                       num_targets, training))
+                                       num_targets, num_context, training))
 
     def compute_output_shape(self, input_shape):
         return input_shape
