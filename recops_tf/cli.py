@@ -299,7 +299,91 @@ def _multiworker():
     return module
 
 
+# Flags of `train` that --task ranking reads (besides the data's and the output's).
+_RANKING_FIELDS = {"d_model": "d_model", "blocks": "num_blocks", "heads": "num_heads",
+                   "head_dim": "head_dim", "max_seq_len": "max_seq_len",
+                   "dropout": "dropout_rate", "batch_size": "batch_size",
+                   "learning_rate": "learning_rate", "patience": "patience",
+                   "eval_every": "eval_every", "min_steps": "min_steps",
+                   "max_steps": "max_steps", "seed": "seed"}
+
+
+_RANKING_ONLY = ("rating_col", "user_features", "like_threshold", "holdout", "targets",
+                 "negative_ratio", "task_weights", "baselines")
+
+
+def _train_ranking(args, argv):
+    """``train --task ranking``: the HSTU ranker and its baselines (recommender/ranking.py)."""
+    if not args.data:
+        raise UsageError("--task ranking needs --data: an interaction file with ratings "
+                         "(MovieLens, or a CSV with a rating column)")
+    ignored = [f"--{dest.replace('_', '-')}" for dest in CONFIG_OPTIONS
+               if dest not in _RANKING_FIELDS and getattr(args, dest, None)]
+    ignored += [flag for flag, bad in (("--workers", args.workers != 1),
+                                       ("--resume", args.resume),
+                                       ("--config", getattr(args, "config", None)),
+                                       ("--logdir", args.logdir)) if bad]
+    if ignored:
+        raise UsageError(f"{', '.join(ignored)}: not an option of --task ranking")
+    from recops_tf import recommender as rec
+    from recops_tf.recommender import ranking, ranking_data
+
+    try:
+        fields = {field: getattr(args, dest) for dest, field in _RANKING_FIELDS.items()
+                  if getattr(args, dest, None) is not None}
+        fields.update({name: getattr(args, name) for name in ("like_threshold", "holdout",
+                                                              "targets", "negative_ratio")
+                       if getattr(args, name) is not None})
+        if args.task_weights is not None:
+            fields["task_weights"] = ranking.parse_task_weights(args.task_weights)
+        config = ranking.RankingConfig(**fields).check()
+        weights = config.task_weights
+        baselines = [b.strip() for b in (args.baselines or "dlrm,two-tower").split(",")
+                     if b.strip() and b.strip() != "none"]
+        unknown = set(baselines) - {"dlrm", "two-tower"}
+        if unknown:
+            raise ValueError(f"--baselines: unknown {sorted(unknown)}; the baselines are dlrm "
+                             f"and two-tower (or none)")
+        dataset = rec.load(args.data, format=args.format, user_col=args.user_col,
+                           item_col=args.item_col, time_col=args.time_col,
+                           min_interactions=args.min_interactions, ratings=True,
+                           rating_col=args.rating_col)
+        features = args.user_features or ranking_data.user_features_file(args.data)
+        data = ranking_data.from_dataset(dataset, config.like_threshold, config.holdout,
+                                         features, args.user_col)
+    except (rec.DataError, ValueError) as e:
+        raise UsageError(e) from None
+    print(f"data: {data.source}: {data.num_users} users, {data.num_items} items, "
+          f"{sum(len(h) for h in data.items)} events; actions: ratings "
+          f"{', '.join(f'{v:g}' for v in data.action_values)} (liked: >= "
+          f"{data.like_threshold:g}); context: {', '.join(data.context_names)}"
+          f"{f' ({features})' if features else ''}")
+    print(f"split: the last {config.holdout} events of each user (fewer for short histories) "
+          f"are the test candidates, the {config.holdout} before them the validation ones; "
+          f"{config.negative_ratio} sampled item(s) per real candidate")
+    print(f"model: HSTU ranker, {config.num_blocks} blocks x {config.num_heads} heads x "
+          f"{config.head_dim}, d_model {config.d_model}, {config.max_seq_len} events of "
+          f"history; tasks {', '.join(f'{t} x{w:g}' for t, w in weights.items())}")
+    model, report = ranking.run(data, config, baselines=baselines)
+    print(f"test: {report['data']['test_events']} held-out events of {data.num_users} users "
+          f"(+ {config.negative_ratio} sampled per event for watch):")
+    print(ranking.table(report))
+    report["argv"] = list(argv)
+    if args.out:
+        path = ranking.export(model, data, args.out, report)
+        print(f"exported: {path} (SavedModel: serving_default and rank)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
 def _train(args, argv):
+    if args.task == "ranking":
+        return _train_ranking(args, argv)
+    given = [f"--{n.replace('_', '-')}" for n in _RANKING_ONLY if getattr(args, n) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)}: an option of --task ranking")
     multiworker = _multiworker()
 
     if args.workers < 1:
@@ -691,6 +775,29 @@ def _parser():
                      "cluster (default: 1)")
     fit.add_argument("--worker-timeout", type=float, default=60.0, help="seconds a worker "
                      "waits for the others in a collective before the job fails (default: 60)")
+    rank = train.add_argument_group(
+        "ranking (--task ranking: candidates scored per task; docs/ranking.md)")
+    rank.add_argument("--task", choices=("retrieval", "ranking"), default="retrieval",
+                      help="retrieval: next item over the catalogue; ranking: the HSTU ranker "
+                      "of candidates with multi-task heads, beside a DLRM-style and a "
+                      "two-tower baseline (default: retrieval)")
+    rank.add_argument("--rating-col", help="CSV: the rating (action) column (default: rating)")
+    rank.add_argument("--user-features", metavar="FILE", help="users' contextual features: "
+                      "MovieLens u.user / users.dat or a CSV with a user column (default: the "
+                      "MovieLens users file beside --data, if any)")
+    rank.add_argument("--like-threshold", type=float,
+                      help="a rating at or above this is liked (default: 4)")
+    rank.add_argument("--holdout", type=int, help="validation and test events "
+                      "per user, the last ones (default: 5)")
+    rank.add_argument("--targets", type=int, help="training: real candidates "
+                      "per user, its next events (default: 10)")
+    rank.add_argument("--negative-ratio", type=int, help="sampled candidates per "
+                      "real one (default: 1)")
+    rank.add_argument("--task-weights",
+                      help="the tasks' loss weights (default: watch=1,like=1,rating=1)")
+    rank.add_argument("--baselines",
+                      help="trained baselines beside the HSTU ranker, comma-separated, or "
+                      "none (default: dlrm,two-tower)")
     out = train.add_argument_group("output")
     out.add_argument("--out", help="checkpoints, then the trained model (SavedModel + "
                      ".keras) here (default: not saved)")
