@@ -402,10 +402,12 @@ class FitResult:
     validation: list  # per validation: {"step", "loss"}
 
 
-def fit(model, data, config, log=print, name="hstu"):
+def fit(model, data, config, log=print, name="hstu", progress=False):
     """Trains `model` (any ranker of this module) on `data`'s training events; validation loss
     every ``eval_every`` steps, early stopping after ``patience`` validations without a
-    better one (not before ``min_steps``), the best validation's weights kept."""
+    better one (not before ``min_steps``), the best validation's weights kept. `progress`: a
+    bar (loss, steps/s) over the steps to the next validation; a line per validation
+    either way."""
     config.check()
     tf.keras.utils.set_random_seed(config.seed)
     weights = dict(config.task_weights, next_item=config.next_item_weight)
@@ -426,15 +428,26 @@ def fit(model, data, config, log=print, name="hstu"):
     best_weights = None
     steps, epoch, first, last = 0, 0, None, None
     began = time.perf_counter()
+    bar, window = None, time.perf_counter()
     while steps < config.max_steps:
         for batch in rd.training_batches(data, epoch, config.seed, config.batch_size,
                                          config.max_seq_len, config.targets,
                                          config.negative_ratio):
+            if progress and bar is None:
+                bar = keras.utils.Progbar(config.eval_every, stateful_metrics=["loss",
+                                                                              "steps/s"])
+                window = time.perf_counter()
             labels, masks = _labels(batch)
             last = float(step(to_inputs(batch), labels, masks))
             first = last if first is None else first
             steps += 1
-            if steps % config.eval_every == 0 or steps == config.max_steps:
+            validating = steps % config.eval_every == 0 or steps == config.max_steps
+            if bar is not None:
+                done = (steps - 1) % config.eval_every + 1
+                bar.update(done, [("loss", last), ("steps/s", done / max(
+                    time.perf_counter() - window, 1e-9))], finalize=validating)
+            if validating:
+                bar = None
                 value = _validation_loss(model, valid, weights)
                 history.append({"step": steps, "loss": value})
                 if value < best:
@@ -532,7 +545,8 @@ def clone_config(config, **changes):
     return out
 
 
-def run(data, config, log=print, baselines=("dlrm", "two-tower"), retrieval_overrides=None):
+def run(data, config, log=print, baselines=("dlrm", "two-tower"), retrieval_overrides=None,
+        progress=False):
     """The whole task: the HSTU ranker and the `baselines` trained on `data` (each with the
     same config, split and candidates), and the trivial baselines; returns ``(hstu model,
     report)``, the report a JSON-able dict: per model the test metrics, steps, seconds and
@@ -552,7 +566,7 @@ def run(data, config, log=print, baselines=("dlrm", "two-tower"), retrieval_over
                                         **(retrieval_overrides or {}))
             extra["retrieval_seconds"] = time.perf_counter() - began
         model = build(kind, data, config, retrieval)
-        result = fit(model, data, config, log=log, name=kind)
+        result = fit(model, data, config, log=log, name=kind, progress=progress)
         models[kind] = model
         report["models"][kind] = dict(
             test=evaluate(model, data, "test", config), steps=result.steps,
