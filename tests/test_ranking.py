@@ -351,3 +351,26 @@ def test_cli_ranking_flags_are_refused_under_retrieval(capsys):
 
     assert cli.main(["train", "--holdout", "3"]) == 2
     assert "--holdout: an option of --task ranking" in capsys.readouterr().err
+
+
+def test_the_export_scores_alike_in_a_fresh_process(data, exported):
+    import subprocess
+    import sys
+
+    _, out, loaded = exported
+    request = {k: np.asarray(v, np.int64).tolist() for k, v in _one(_batch(data), 1).items()}
+    code = ("import json, sys, numpy as np, tensorflow as tf, recops_tf\n"
+            "request = json.loads(sys.argv[2])\n"
+            "model = tf.saved_model.load(sys.argv[1])\n"
+            "out = model.signatures['rank'](**{k: tf.constant(np.asarray(v, np.int64)) "
+            "for k, v in request.items()})\n"
+            "print(json.dumps({k: v.numpy().tolist() for k, v in out.items()}))\n")
+    run = subprocess.run([sys.executable, "-c", code, str(out / "saved_model"),
+                          json.dumps(request)], capture_output=True, text=True, timeout=300,
+                         env={"TF_CPP_MIN_LOG_LEVEL": "3", **__import__("os").environ})
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    here = loaded.signatures["rank"](**{k: tf.constant(np.asarray(v, np.int64))
+                                        for k, v in request.items()})
+    for task in ranking.TASKS:
+        np.testing.assert_allclose(got[task], here[task].numpy(), rtol=1e-6, atol=1e-7)
