@@ -309,7 +309,8 @@ _RANKING_FIELDS = {"d_model": "d_model", "blocks": "num_blocks", "heads": "num_h
 
 
 _RANKING_ONLY = ("rating_col", "user_features", "like_threshold", "holdout", "targets",
-                 "negative_ratio", "task_weights", "baselines")
+                 "negative_ratio", "task_weights", "baselines", "next_item_weight",
+                 "validation_tasks")
 
 
 def _train_ranking(args, argv):
@@ -332,8 +333,12 @@ def _train_ranking(args, argv):
         fields = {field: getattr(args, dest) for dest, field in _RANKING_FIELDS.items()
                   if getattr(args, dest, None) is not None}
         fields.update({name: getattr(args, name) for name in ("like_threshold", "holdout",
-                                                              "targets", "negative_ratio")
+                                                              "targets", "negative_ratio",
+                                                              "next_item_weight")
                        if getattr(args, name) is not None})
+        if args.validation_tasks is not None:
+            fields["validation_tasks"] = tuple(t.strip() for t in
+                                               args.validation_tasks.split(",") if t.strip())
         if args.task_weights is not None:
             fields["task_weights"] = ranking.parse_task_weights(args.task_weights)
         config = ranking.RankingConfig(**fields).check()
@@ -798,6 +803,10 @@ def _parser():
                       "real one (default: 1)")
     rank.add_argument("--task-weights",
                       help="the tasks' loss weights (default: watch=1,like=1,rating=1)")
+    rank.add_argument("--next-item-weight", type=float, help="the HSTU ranker's auxiliary "
+                      "loss: each history event predicts the next item (default: 1)")
+    rank.add_argument("--validation-tasks", help="the tasks whose weighted validation loss "
+                      "picks the step kept (default: like,rating: the held-out events' own)")
     rank.add_argument("--baselines",
                       help="trained baselines beside the HSTU ranker, comma-separated, or "
                       "none (default: dlrm,two-tower)")

@@ -198,6 +198,11 @@ def test_config_and_task_weights_are_checked():
         ranking.RankingConfig(task_weights={"watch": 0, "like": 0, "rating": 0}).check()
     with pytest.raises(ValueError, match="holdout"):
         ranking.RankingConfig(holdout=0).check()
+    with pytest.raises(ValueError, match="validation_tasks"):
+        ranking.RankingConfig(validation_tasks=("clicks",)).check()
+    with pytest.raises(ValueError, match="validation_tasks"):  # only zero-weight tasks
+        ranking.RankingConfig(validation_tasks=("rating",),
+                              task_weights={"watch": 1, "like": 1, "rating": 0}).check()
 
 
 # -- export and serving ------------------------------------------------------------------------
@@ -324,6 +329,7 @@ def test_cli_trains_reports_and_exports(tmp_path, capsys):
     (["--task-weights", "clicks=1"], "task=weight"),
     (["--baselines", "gbdt"], "unknown ['gbdt']"),
     (["--holdout", "0"], "holdout must be at least 1"),
+    (["--validation-tasks", "like,clicks"], "validation_tasks must be tasks"),
     (["--user-features", "/nonexistent/u.user"], "no such users file"),
 ])
 def test_cli_bad_ranking_inputs_exit_2_in_one_line(tmp_path, capsys, extra, words):
