@@ -47,14 +47,6 @@ def blocks():
     return make_blocks()
 
 
-@pytest.fixture
-def mixed_bfloat16():
-    previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
-    yield
-    keras.mixed_precision.set_dtype_policy(previous)
-
-
 # (L, m, b_m, page_size): m not a multiple of b_m, m < b_m, page_size not dividing L, one
 # history token, one page exactly full.
 CASES = [(37, 70, 16, 8), (40, 5, 16, 32), (33, 64, 64, 32), (1, 3, 2, 32), (32, 17, 4, 32)]

@@ -21,14 +21,6 @@ LAYERS = {
 }
 
 
-@pytest.fixture
-def mixed_bfloat16():
-    previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
-    yield
-    keras.mixed_precision.set_dtype_policy(previous)
-
-
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_layer_runs_in_bfloat16_with_float32_variables(name, mixed_bfloat16):
     make, kwargs = LAYERS[name]
