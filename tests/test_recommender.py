@@ -393,3 +393,28 @@ def test_untied_head_has_its_own_table_trains_checkpoints_and_exports(tmp_path):
                                rtol=1e-5, atol=1e-5)
     shared = rec.train(data, _tiny_config(epochs=1), progress=False).model
     assert len(shared.tables()) == 1
+
+
+@pytest.mark.parametrize("encoder", ["hstu", "sasrec"])
+def test_dropout_seed_moves_the_masks_not_the_initial_weights(encoder):
+    """Multi-worker ranks build the model with a dropout seed of their own (``rank_seed``):
+    the same initial weights, other masks; the same dropout seed, the same masks."""
+    def build(dropout_seed):
+        tf.keras.utils.set_random_seed(0)
+        m = rec.GenerativeRecommender(40, encoder=encoder, d_model=16, num_blocks=1,
+                                      head_dim=8, max_seq_len=16, dropout_rate=0.5, seed=5,
+                                      dropout_seed=dropout_seed)
+        items = tf.ragged.constant([[1, 2, 3, 4], [5, 6, 7]], tf.int64)
+        return m, m({"items": items, "timestamps": items * 10}, training=True)
+
+    (base, out), (same, out_same), (other, out_other) = build(None), build(5), build(5 + 7919)
+    for a, b in zip(base.get_weights(), other.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(out.flat_values, out_same.flat_values)
+    assert not np.allclose(out.flat_values, out_other.flat_values)
+    config = _tiny_config(seed=5)
+
+    class Rank:
+        world_size, rank = 2, 1
+    assert training_module.rank_seed(config) == training_module.rank_seed(config, None) == 5
+    assert training_module.rank_seed(config, Rank()) != 5

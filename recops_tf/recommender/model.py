@@ -51,6 +51,9 @@ class GenerativeRecommender(keras.Model):
         being scored (in training: the items read up to each position), a repeat-aware
         head; ``scores(states, seen=histories)`` applies it.
       seed: of initializers and dropout.
+      dropout_seed: of the dropout masks only, when it must differ from `seed` (multi-worker
+        training: each rank draws its own masks over its slice of the batch, while the
+        initial weights stay equal on every rank). Not part of the config.
       table_group: a ``recops_tf.distributed.Group`` of several ranks: the item tables are
         ``ShardedEmbedding``s over it (multi-worker training; fused build only).
     """
@@ -58,7 +61,7 @@ class GenerativeRecommender(keras.Model):
     def __init__(self, num_items, encoder="hstu", d_model=50, num_blocks=2, num_heads=1,
                  head_dim=50, max_seq_len=200, dropout_rate=0.2, l2_norm=True,
                  temperature=0.05, relative_bias=True, use_fused=True, seed=0, seen_bias=False,
-                 share_embeddings=True, table_group=None, **kwargs):
+                 share_embeddings=True, table_group=None, dropout_seed=None, **kwargs):
         super().__init__(**kwargs)
         # Multi-worker training: item tables sharded over the group's ranks (not a config
         # field: a model saved or exported is a whole, unsharded one).
@@ -85,7 +88,8 @@ class GenerativeRecommender(keras.Model):
             self.max_seq_len, self.d_model, name="positions",
             embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02,
                                                                       seed=seed + 1))
-        self.input_dropout = keras.layers.Dropout(self.dropout_rate, seed=seed + 2,
+        masks = seed if dropout_seed is None else int(dropout_seed)
+        self.input_dropout = keras.layers.Dropout(self.dropout_rate, seed=masks + 2,
                                                   name="input_dropout")
         if encoder == "hstu":
             self.blocks = [
@@ -94,11 +98,11 @@ class GenerativeRecommender(keras.Model):
                           relative_bias=(RelativeAttentionBias(self.max_seq_len,
                                                                name=f"bias_{i}")
                                          if self.relative_bias else None),
-                          use_fused=self.use_fused, seed=seed + 10 + i, name=f"hstu_{i}")
+                          use_fused=self.use_fused, seed=masks + 10 + i, name=f"hstu_{i}")
                 for i in range(self.num_blocks)]
         else:
             self.blocks = [_SASRecBlock(self.num_heads, self.head_dim, self.d_model,
-                                        self.dropout_rate, seed + 10 + i, name=f"sasrec_{i}")
+                                        self.dropout_rate, masks + 10 + i, name=f"sasrec_{i}")
                            for i in range(self.num_blocks)]
         self.final_norm = (None if self.l2_norm else
                            keras.layers.LayerNormalization(name="final_norm"))

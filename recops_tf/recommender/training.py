@@ -125,10 +125,22 @@ PRESETS = {
 PRECISIONS = {"f32": "float32", "bf16": "mixed_bfloat16"}
 
 
+def rank_seed(config, group=None):
+    """The seed of a rank's own dropout masks: ``config.seed`` in one process, and one per
+    rank over a `group` of several, so that the ranks' slices of a global batch get
+    independent masks as one process's rows do. (The sampled negatives need none: every
+    rank draws the global batch's and keeps its rows'.)"""
+    if group is None or group.world_size == 1:
+        return config.seed
+    return config.seed + 7919 * group.rank
+
+
 def build_model(config, num_items, group=None):
     """The model of ``config``, its layers built under the dtype policy of
     ``config.precision`` (the global policy is restored afterwards); with a `group` of
-    several ranks, its item tables sharded over them."""
+    several ranks, its item tables sharded over them and its dropout masks drawn from a
+    seed of the rank's own (the same masks on every rank's slice of the batch would be
+    correlated noise, not the one-process run's)."""
     previous = keras.mixed_precision.dtype_policy()
     keras.mixed_precision.set_dtype_policy(PRECISIONS[config.precision])
     try:
@@ -139,7 +151,8 @@ def build_model(config, num_items, group=None):
             dropout_rate=config.dropout_rate, l2_norm=config.l2_norm,
             temperature=config.temperature, relative_bias=config.relative_bias,
             use_fused=config.use_fused, seed=config.seed, seen_bias=config.seen_bias,
-            share_embeddings=config.share_embeddings, table_group=group)
+            share_embeddings=config.share_embeddings, table_group=group,
+            dropout_seed=rank_seed(config, group))
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
 
@@ -210,7 +223,7 @@ def train_step(model, optimizer, generator, config, num_items, group=None):
     rows ``rank, rank + R, ...``: its loss is its positions' sum over the global batch's
     positions, the dense gradients are summed over the ranks (the sharded tables' row
     gradients already reach their owners), so the step is the one-rank step up to float
-    order (and dropout masks, drawn per rank)."""
+    order (and dropout masks, drawn per rank from seeds of their own: ``rank_seed``)."""
     n_neg, per_position = config.num_negatives, config.negatives_per == "position"
     world = 1 if group is None else group.world_size
     anchors = {id(layer.gradient_anchor) for layer in (model.item_embedding,
