@@ -407,7 +407,7 @@ def test_dropout_seed_moves_the_masks_not_the_initial_weights(encoder):
         items = tf.ragged.constant([[1, 2, 3, 4], [5, 6, 7]], tf.int64)
         return m, m({"items": items, "timestamps": items * 10}, training=True)
 
-    (base, out), (same, out_same), (other, out_other) = build(None), build(5), build(5 + 7919)
+    (base, out), (_, out_same), (other, out_other) = build(None), build(5), build(5 + 7919)
     for a, b in zip(base.get_weights(), other.get_weights()):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(out.flat_values, out_same.flat_values)
