@@ -383,6 +383,9 @@ def test_untied_head_has_its_own_table_trains_checkpoints_and_exports(tmp_path):
     assert not np.allclose(head.numpy(), inputs.numpy())  # two tables, trained apart
     path = rec.export(model, data, str(tmp_path / "out"))
     loaded = tf.saved_model.load(path)
+    # The export scores against its frozen copy of the head's (not the input's) items.
+    np.testing.assert_array_equal(loaded.item_matrix.numpy(),
+                                  model.item_matrix(training=False).numpy())
     history = tf.constant(data.items[0][:5], tf.int64)
     got = loaded.recommend(history, tf.range(5, dtype=tf.int64), tf.constant(5))
     states = training_module.last_states(

@@ -41,9 +41,10 @@ def _check_ids(model, items, what="items"):
                                            f"(1..{model.num_items})")]
 
 
-def _top_k(model, states, seen, k, exclude_seen):
-    """Top-k ``(items, scores)`` of ``[N, d]`` states, ``seen`` the ragged items they read."""
-    scores = model.scores(states, seen=seen)
+def _top_k(model, states, seen, k, exclude_seen, matrix=None):
+    """Top-k ``(items, scores)`` of ``[N, d]`` states, ``seen`` the ragged items they read;
+    scored against ``matrix`` (the export's copy of the item matrix) where given."""
+    scores = model.scores(states, seen=seen, matrix=matrix)
     if exclude_seen is not None:
         idx = tf.stack([seen.value_rowids(), seen.flat_values - 1], 1)
         mask = tf.scatter_nd(idx, tf.ones_like(seen.flat_values, tf.bool),
@@ -53,8 +54,10 @@ def _top_k(model, states, seen, k, exclude_seen):
     return tf.cast(best.indices, tf.int64) + 1, best.values
 
 
-def _functions(model, serve_k):
-    """The SavedModel's signatures and functions, as tf.functions on `model`."""
+def _functions(model, serve_k, matrix=None):
+    """The SavedModel's signatures and functions, as tf.functions on `model`; with
+    ``matrix`` (a variable holding ``model.item_matrix()``), the catalogue is scored against
+    it rather than looked up again in the item table at every call."""
     length = model.max_seq_len
     k_out = min(serve_k, model.num_items)
     vec = lambda name, dtype=tf.int64: tf.TensorSpec([None], dtype, name=name)  # noqa: E731
@@ -76,7 +79,7 @@ def _functions(model, serve_k):
             seqs = tf.RaggedTensor.from_tensor(items, lengths=lengths)[:, -length:]
             ts = tf.RaggedTensor.from_tensor(timestamps, lengths=lengths)[:, -length:]
         states = last_states(model, seqs, ts)
-        top, scores = _top_k(model, states, seqs, k_out, None)
+        top, scores = _top_k(model, states, seqs, k_out, None, matrix)
         return {"items": top, "scores": scores}
 
     @tf.function(input_signature=[vec("items"), vec("timestamps"),
@@ -92,7 +95,7 @@ def _functions(model, serve_k):
         rows = tf.size(items, out_type=tf.int64)[None]
         seqs = tf.RaggedTensor.from_row_lengths(items, rows)
         states = last_states(model, seqs, tf.RaggedTensor.from_row_lengths(timestamps, rows))
-        top, scores = _top_k(model, states, seqs, k, None)
+        top, scores = _top_k(model, states, seqs, k, None, matrix)
         return {"items": top[0], "scores": scores[0]}
 
     functions = {"serving_default": serving_default, "recommend": recommend}
@@ -104,14 +107,16 @@ def _functions(model, serve_k):
     def top_k(state, seen, k, exclude_seen):
         with tf.control_dependencies(_check_ids(model, seen, "seen")):
             seen = tf.RaggedTensor.from_row_lengths(seen, tf.size(seen, out_type=tf.int64)[None])
-        top, scores = _top_k(model, state[None], seen, k, exclude_seen)
+        top, scores = _top_k(model, state[None], seen, k, exclude_seen, matrix)
         return {"items": top[0], "scores": scores[0]}
 
     @tf.function(input_signature=[state_spec, seen_spec, vec("candidates")])
     def score_items(state, seen, candidates):
         with tf.control_dependencies(_check_ids(model, seen, "seen") +
                                      _check_ids(model, candidates, "candidates")):
-            logits = tf.reduce_sum(model.item_embeddings(candidates) * state, -1)
+            rows = (model.item_embeddings(candidates) if matrix is None else
+                    tf.gather(matrix, candidates - 1))
+            logits = tf.reduce_sum(rows * state, -1)
         logits /= model.temperature
         if model.seen_bias:
             hit = tf.reduce_any(tf.equal(candidates[:, None], seen[None, :]), 1)
@@ -162,7 +167,11 @@ def export(model, dataset, out_dir, metrics=None, serve_k=SERVE_K):
     ``out_dir/items.txt`` and ``out_dir/info.json``; returns the SavedModel's path."""
     os.makedirs(out_dir, exist_ok=True)
     root = tracked_root(model)
-    functions = _functions(model, serve_k)
+    # The catalogue's embeddings, frozen with the model: a request scores the catalogue
+    # with one matmul instead of looking every item up in the growing table again.
+    root.item_matrix = tf.Variable(model.item_matrix(training=False), trainable=False,
+                                   name="serving_item_matrix")
+    functions = _functions(model, serve_k, root.item_matrix)
     for name, fn in functions.items():
         setattr(root, name, fn)
     path = os.path.join(out_dir, "saved_model")

@@ -220,12 +220,14 @@ class GenerativeRecommender(keras.Model):
         """``[num_items, d_model]`` head embeddings of items 1..num_items."""
         return self.item_embeddings(self.catalogue, training)
 
-    def scores(self, states, training=None, seen=None):
+    def scores(self, states, training=None, seen=None, matrix=None):
         """``[N, num_items]`` logits of every catalogue item for ``[N, d_model]`` states;
         with ``seen_bias``, ``seen`` (ragged ``[N, (L)]`` item ids: the histories the states
-        read) adds the learned seen-item bias to the logits of those items."""
-        logits = tf.matmul(states, self.item_matrix(training), transpose_b=True) / \
-            self.temperature
+        read) adds the learned seen-item bias to the logits of those items. ``matrix``: the
+        ``item_matrix()`` to score with, when the caller holds a copy (an export does)."""
+        if matrix is None:
+            matrix = self.item_matrix(training)
+        logits = tf.matmul(states, matrix, transpose_b=True) / self.temperature
         if self.seen_bias and seen is not None:
             idx = tf.stack([seen.value_rowids(), seen.flat_values - 1], 1)
             mask = tf.scatter_nd(idx, tf.ones_like(seen.flat_values, logits.dtype),
