@@ -41,9 +41,9 @@ def _check_ids(model, items, what="items"):
                                            f"(1..{model.num_items})")]
 
 
-def _top_k(model, states, seen, k, exclude_seen, matrix=None):
-    """Top-k ``(items, scores)`` of ``[N, d]`` states, ``seen`` the ragged items they read;
-    scored against ``matrix`` (the export's copy of the item matrix) where given."""
+def _top_k(model, states, seen, k, exclude_seen, matrix):
+    """Top-k ``(items, scores)`` of ``[N, d]`` states, ``seen`` the ragged items they read,
+    scored against ``matrix`` (the export's copy of the item matrix)."""
     scores = model.scores(states, seen=seen, matrix=matrix)
     if exclude_seen is not None:
         idx = tf.stack([seen.value_rowids(), seen.flat_values - 1], 1)
@@ -54,10 +54,10 @@ def _top_k(model, states, seen, k, exclude_seen, matrix=None):
     return tf.cast(best.indices, tf.int64) + 1, best.values
 
 
-def _functions(model, serve_k, matrix=None):
-    """The SavedModel's signatures and functions, as tf.functions on `model`; with
-    ``matrix`` (a variable holding ``model.item_matrix()``), the catalogue is scored against
-    it rather than looked up again in the item table at every call."""
+def _functions(model, serve_k, matrix):
+    """The SavedModel's signatures and functions, as tf.functions on `model`; ``matrix`` (a
+    variable holding ``model.item_matrix()``) is what they score the catalogue against,
+    rather than looking every item up in the table again at each call."""
     length = model.max_seq_len
     k_out = min(serve_k, model.num_items)
     vec = lambda name, dtype=tf.int64: tf.TensorSpec([None], dtype, name=name)  # noqa: E731
@@ -114,9 +114,7 @@ def _functions(model, serve_k, matrix=None):
     def score_items(state, seen, candidates):
         with tf.control_dependencies(_check_ids(model, seen, "seen") +
                                      _check_ids(model, candidates, "candidates")):
-            rows = (model.item_embeddings(candidates) if matrix is None else
-                    tf.gather(matrix, candidates - 1))
-            logits = tf.reduce_sum(rows * state, -1)
+            logits = tf.reduce_sum(tf.gather(matrix, candidates - 1) * state, -1)
         logits /= model.temperature
         if model.seen_bias:
             hit = tf.reduce_any(tf.equal(candidates[:, None], seen[None, :]), 1)
