@@ -121,6 +121,7 @@ CONFIG_OPTIONS = {
     "no_fused": ("use_fused", "off"), "precision": ("precision", "value"),
     "epochs": ("epochs", "value"), "batch_size": ("batch_size", "value"),
     "learning_rate": ("learning_rate", "value"), "patience": ("patience", "value"),
+    "lr_schedule": ("lr_schedule", "value"), "warmup_steps": ("warmup_steps", "value"),
     "validation_metric": ("validation_metric", "value"), "exclude_seen": ("exclude_seen", "on"),
     "bucket_by_length": ("bucket_by_length", "on"), "seed": ("seed", "value"),
     "max_steps": ("max_steps", "value"), "checkpoint_every": ("checkpoint_every", "value"),
@@ -446,6 +447,10 @@ def _train(args, argv):
           f"{config.max_seq_len} items of history, {negatives}, temperature "
           f"{config.temperature}{'' if config.l2_norm else ' (no l2 norm)'}"
           f"{', seen-item bias' if config.seen_bias else ''}, {kind}")
+    schedule = (f", {config.warmup_steps} warm-up steps" if config.warmup_steps else "") + (
+        ", cosine decay" if config.lr_schedule == "cosine" else "")
+    print(f"optimizer: {'LazyAdam' if config.use_fused else 'Adam'} at learning rate "
+          f"{config.learning_rate:g}{schedule}, batch {config.batch_size}")
     checkpoint_dir = None
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -736,6 +741,11 @@ def _add_run_options(parser, synthetic=True):
                      "(--max-steps bounds)")
     fit.add_argument("--batch-size", type=int, help="histories per step")
     fit.add_argument("--learning-rate", type=float, help="of the Adam / LazyAdam optimizer")
+    fit.add_argument("--lr-schedule", choices=tuple(_module("training")["LR_SCHEDULES"]),
+                     help="after the warm-up: constant, or a cosine down to 0.1x by "
+                     "--min-steps (held there after)")
+    fit.add_argument("--warmup-steps", type=int, help="linear learning-rate warm-up from 0 "
+                     "over N steps")
     fit.add_argument("--patience", type=int, help="stop after N validations without a better "
                      "validation metric, 0: never")
     fit.add_argument("--eval-every", type=int, help="validate every N steps, 0: at the end of "

@@ -74,3 +74,37 @@ def test_loss_settings_are_checked():
         rec.Config.from_preset("auto", label_smoothing=1.0).check()
     with pytest.raises(ValueError, match="gbce_t must lie"):
         rec.Config.from_preset("auto", gbce_t=1.5).check()
+
+
+def test_learning_rate_schedules():
+    from recops_tf.recommender import training
+    config = rec.Config.from_preset("auto", learning_rate=2e-3)
+    assert training.learning_rate_schedule(config) == 2e-3  # constant, no warm-up: the float
+    warm = training.learning_rate_schedule(
+        rec.Config.from_preset("auto", learning_rate=2e-3, warmup_steps=100))
+    rates = [float(warm(s)) for s in (0, 50, 100, 5000)]
+    assert rates == pytest.approx([0.0, 1e-3, 2e-3, 2e-3])
+    cosine = training.learning_rate_schedule(rec.Config.from_preset(
+        "auto", learning_rate=2e-3, warmup_steps=100, lr_schedule="cosine", min_steps=1100))
+    rates = [float(cosine(s)) for s in (50, 100, 600, 1100, 9000)]
+    floor = training.LR_FLOOR * 2e-3
+    assert rates == pytest.approx([1e-3, 2e-3, (2e-3 + floor) / 2, floor, floor])
+    # without a minimum budget the cosine spans the run's step bound
+    bounded = training.learning_rate_schedule(rec.Config.from_preset(
+        "auto", lr_schedule="cosine"), total_steps=400)
+    assert float(bounded(0)) == pytest.approx(1e-3) and float(bounded(400)) == pytest.approx(1e-4)
+
+
+def test_learning_rate_schedule_settings_are_checked(capsys):
+    from recops_tf import cli
+    with pytest.raises(ValueError, match="lr_schedule must be one of"):
+        rec.Config.from_preset("auto", lr_schedule="linear").check()
+    with pytest.raises(ValueError, match="warmup_steps must be at least 0"):
+        rec.Config.from_preset("auto", warmup_steps=-1).check()
+    with pytest.raises(ValueError, match="decays between warmup_steps"):
+        rec.Config.from_preset("auto", lr_schedule="cosine", warmup_steps=500,
+                               min_steps=200).check()
+    assert cli.main(["train", "--users", "40", "--items", "30", "--lr-schedule", "cosine",
+                     "--warmup-steps", "50", "--max-steps", "20", "--min-steps", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "decays between warmup_steps (50) and min_steps" in err[0]

@@ -28,6 +28,8 @@ class Config:
     epochs: int = 100  # at most this many epochs (0: no bound in epochs, max_steps bounds)
     batch_size: int = 128
     learning_rate: float = 1e-3
+    lr_schedule: str = "constant"  # or "cosine": see `learning_rate_schedule`
+    warmup_steps: int = 0  # linear warm-up from 0 to learning_rate over this many steps
     d_model: int = 50
     num_blocks: int = 2
     num_heads: int = 1
@@ -74,7 +76,7 @@ class Config:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "patience", "eval_every", "min_steps", "max_steps",
-                     "checkpoint_every"):
+                     "checkpoint_every", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         if self.epochs == 0 and self.max_steps == 0:
@@ -82,6 +84,14 @@ class Config:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got "
                              f"{self.precision!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got "
+                             f"{self.lr_schedule!r}")
+        horizon = self.min_steps or self.max_steps
+        if self.lr_schedule == "cosine" and horizon and horizon <= self.warmup_steps:
+            raise ValueError(f"lr_schedule 'cosine' decays between warmup_steps "
+                             f"({self.warmup_steps}) and min_steps (else max_steps, {horizon}):"
+                             f" give more steps or a shorter warm-up")
         if self.negatives_per not in ("sequence", "position"):
             raise ValueError(f"negatives_per must be 'sequence' or 'position', got "
                              f"{self.negatives_per!r}")
@@ -120,6 +130,12 @@ PRESETS = {
                    relative_bias=False, seen_bias=True),
 }
 
+
+# Config.lr_schedule: the learning rate after the warm-up, constant (generative-recommenders')
+# or a cosine from learning_rate down to LR_FLOOR x learning_rate over the minimum step budget
+# (`min_steps`, else the run's step bound), then held there until early stopping.
+LR_SCHEDULES = ("constant", "cosine")
+LR_FLOOR = 0.1
 
 # Config.precision -> the Keras dtype policy the model is built under.
 PRECISIONS = {"f32": "float32", "bf16": "mixed_bfloat16"}
@@ -205,12 +221,38 @@ def training_data(split, config):
     return epoch_data, steps
 
 
-def make_optimizer(config):
+def learning_rate_schedule(config, total_steps=math.inf):
+    """``config.learning_rate`` as the optimizer takes it: the float itself (constant, no
+    warm-up), else a Keras schedule of the optimizer's step: a linear warm-up from 0 over
+    ``warmup_steps``, then constant (``lr_schedule="constant"``) or a cosine down to `LR_FLOOR`
+    x the rate by step ``min_steps`` (or `total_steps`, the run's bound, without a minimum),
+    held at the floor after."""
+    peak, warmup = config.learning_rate, config.warmup_steps
+    if config.lr_schedule == "constant" and warmup == 0:
+        return peak
+    horizon = config.min_steps or (total_steps if math.isfinite(total_steps) else 0)
+    decay = max(int(horizon) - warmup, 1)
+    if config.lr_schedule == "constant":
+        return keras.optimizers.schedules.CosineDecay(0.0, 1, alpha=1.0, warmup_target=peak,
+                                                      warmup_steps=warmup)
+    if horizon <= warmup:
+        raise ValueError(f"lr_schedule 'cosine' decays from warmup_steps ({warmup}) to "
+                         f"min_steps or the run's step bound ({horizon or 'none'}): give a "
+                         f"larger min_steps or max_steps")
+    if warmup == 0:
+        return keras.optimizers.schedules.CosineDecay(peak, decay, alpha=LR_FLOOR)
+    return keras.optimizers.schedules.CosineDecay(0.0, decay, alpha=LR_FLOOR,
+                                                  warmup_target=peak, warmup_steps=warmup)
+
+
+def make_optimizer(config, total_steps=math.inf):
     """generative-recommenders' optimizer: Adam(W) with betas (0.9, 0.98), epsilon 1e-8 and no
-    weight decay; LazyAdam (row-sparse, fused) for the growing table of the fused build."""
+    weight decay; LazyAdam (row-sparse, fused) for the growing table of the fused build. Its
+    learning rate follows `learning_rate_schedule` (`total_steps`: the run's step bound)."""
+    rate = learning_rate_schedule(config, total_steps)
     if config.use_fused:
-        return LazyAdam(config.learning_rate, beta_2=0.98, epsilon=1e-8)
-    return keras.optimizers.Adam(config.learning_rate, beta_2=0.98, epsilon=1e-8)
+        return LazyAdam(rate, beta_2=0.98, epsilon=1e-8)
+    return keras.optimizers.Adam(rate, beta_2=0.98, epsilon=1e-8)
 
 
 def train_step(model, optimizer, generator, config, num_items, group=None):
@@ -441,7 +483,10 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         raise ValueError("multi-worker training shards the fused build's item tables: drop "
                          "--no-fused")
     model = build_model(config, num_items, group)
-    optimizer = make_optimizer(config)
+    total_steps = config.max_steps if config.max_steps > 0 else math.inf
+    if config.epochs > 0:
+        total_steps = min(total_steps, config.epochs * steps_per_epoch)
+    optimizer = make_optimizer(config, total_steps)
     generator = tf.random.Generator.from_seed(config.seed)
     state = _State()
     step = train_step(model, optimizer, generator, config, num_items, group)
@@ -518,9 +563,6 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
 
     writer = tf.summary.create_file_writer(logdir) if logdir else None
     history = json.loads(state.history.numpy().decode())
-    total_steps = config.max_steps if config.max_steps > 0 else math.inf
-    if config.epochs > 0:
-        total_steps = min(total_steps, config.epochs * steps_per_epoch)
     val_name = f"valid {config.validation_metric}"
 
     timing = {"first_step": None, "validation": 0.0}  # this call's, for estimates (tuning)
