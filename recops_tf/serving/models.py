@@ -125,6 +125,11 @@ class Version:
                 self.index = {n: i + 1 for i, n in enumerate(self.names)}
         self.recommender = bool(self.info) and hasattr(self.module, "top_k")
         self.cacheable = self.recommender and hasattr(self.module, "extend")
+        # The user-state functions as concrete functions: a call skips the restored function's
+        # argument matching (about 0.1-0.2 ms a call here).
+        self.functions = {name: getattr(self.module, name).get_concrete_function()
+                          for name in ("top_k", "score_items", "user_state", "extend")
+                          if self.recommender and hasattr(self.module, name)}
         self.pad_value = 0 if self.recommender else None  # 0: padding of an export's histories
         self.cache = None  # the user-state cache of this version (the server sets it)
 

@@ -205,12 +205,12 @@ class ModelServer:
             state = self._encode(version, cache, entry, user, items, stamps, window)
             seen = tf.constant(entry.items, tf.int64)
             if candidates is None:
-                out = version.module.top_k(tf.constant(state), seen, tf.constant(k, tf.int32),
-                                           tf.constant(exclude))
+                out = version.functions["top_k"](tf.constant(state), seen,
+                                                 tf.constant(k, tf.int32), tf.constant(exclude))
                 top, scores = out["items"].numpy(), out["scores"].numpy()
             else:
-                scores = version.module.score_items(tf.constant(state), seen,
-                                                    tf.constant(candidates))["scores"].numpy()
+                scores = version.functions["score_items"](
+                    tf.constant(state), seen, tf.constant(candidates))["scores"].numpy()
                 if exclude:
                     scores = np.where(np.isin(candidates, entry.items), -np.inf, scores)
                 order = np.argsort(-scores, kind="stable")[:k]
@@ -239,7 +239,7 @@ class ModelServer:
         entry.items, entry.timestamps = all_items[-window:], all_stamps[-window:]
         key = ("u", user) if isinstance(user, int) else user
         if not cache.num_pages:
-            entry.state = version.module.user_state(
+            entry.state = version.functions["user_state"](
                 tf.constant(entry.items, tf.int64),
                 tf.constant(entry.timestamps, tf.int64))["state"].numpy()
             return entry.state
@@ -252,9 +252,9 @@ class ModelServer:
             cache.reset(entry)
             new_items, new_stamps = entry.items, entry.timestamps
             past, past_ts = cache.rows(entry), []
-        out = version.module.extend(tf.constant(new_items, tf.int64),
-                                    tf.constant(new_stamps, tf.int64), tf.constant(past),
-                                    tf.constant(past_ts, tf.int64))
+        out = version.functions["extend"](tf.constant(new_items, tf.int64),
+                                          tf.constant(new_stamps, tf.int64), tf.constant(past),
+                                          tf.constant(past_ts, tf.int64))
         cache.append(key, entry, out["rows"].numpy())
         self.metrics.cache.labels("eviction").inc(cache.evictions - before)
         entry.state = out["state"].numpy()
