@@ -1,7 +1,9 @@
-// Kernels of stem hstu_dense: the dense, relative-bias and paged forward and the backward
+// Kernels of stem hstu_dense: the dense, relative-bias, paged and cached forward and the backward
 // (validation in kernels/hstu_dense_kernels.h; the work items, compiled per instruction set, in
 // kernels/hstu_dense_<isa>.cc).
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -344,5 +346,168 @@ RECOPS_CALL_FLOAT_TYPES(REGISTER)
 #undef REGISTER
 
 }  // namespace
+
+
+// Cached forward (HstuCachedForward): the attention of a few new tokens over a sequence's
+// cached keys and values, read in place (incremental inference: a user's next events against
+// the rows an earlier call returned). One work item per (new token, head): its scores over the
+// P + i + 1 visible keys, the relative bias, alpha, SiLU and scale rounded where the tiled
+// forward (kernels/hstu_dense.h) rounds them, then the weighted sum of the values. No tiles: a
+// few queries against the cache are memory-bound; a whole history goes through the tiled
+// forward (HSTUBlock.extend picks).
+namespace {
+
+template <typename T>
+const T* CachedData(const Tensor& t) {
+  return reinterpret_cast<const T*>(t.tensor_data().data());
+}
+
+template <typename T>
+class HstuCachedForwardOp : public OpKernel {
+ public:
+  using Acc = AccumT<T>;
+
+  explicit HstuCachedForwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("key_column", &key_column_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_column", &value_column_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_seq_len", &max_len_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("alpha", &alpha_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("silu_scale", &silu_scale_));
+    float divisor = 0.0f;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_divisor", &divisor));
+    OP_REQUIRES(ctx, divisor > 0.0f && std::isfinite(divisor),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "bucket_divisor must be a positive finite number, got ", divisor)));
+    divisor_ = divisor;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor &q = ctx->input(0), &k = ctx->input(1), &v = ctx->input(2);
+    const Tensor &past_k = ctx->input(3), &past_v = ctx->input(4);
+    const Tensor &ts = ctx->input(5), &time_w = ctx->input(6), &pos_w = ctx->input(7);
+    OP_REQUIRES_OK(ctx, CheckRank(q, "q", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(k, "k", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(v, "v", 3));
+    OP_REQUIRES_OK(ctx, CheckRank(past_k, "past_keys", 2));
+    OP_REQUIRES_OK(ctx, CheckRank(past_v, "past_values", 2));
+    OP_REQUIRES_OK(ctx, CheckRank(ts, "timestamps", 1));
+    OP_REQUIRES_OK(ctx, CheckRank(time_w, "time_bias_weights", 1));
+    OP_REQUIRES_OK(ctx, CheckRank(pos_w, "position_bias_weights", 1));
+    const int64_t n = q.dim_size(0), heads = q.dim_size(1), dk = q.dim_size(2);
+    const int64_t dv = v.dim_size(2), past = past_k.dim_size(0);
+    OP_REQUIRES(ctx, k.shape() == q.shape(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "k must have q's shape ", q.shape().DebugString(), ", got ",
+                    k.shape().DebugString())));
+    OP_REQUIRES(ctx, v.dim_size(0) == n && v.dim_size(1) == heads,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "v must be [", n, ", ", heads, ", Dv] like q, got ", v.shape().DebugString())));
+    OP_REQUIRES(ctx, past_v.dim_size(0) == past,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "past_keys and past_values must have the same rows, got ", past, " and ",
+                    past_v.dim_size(0))));
+    OP_REQUIRES(ctx, key_column_ + heads * dk <= past_k.dim_size(1),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "past_keys has ", past_k.dim_size(1), " columns: key_column ", key_column_,
+                    " + heads x Dqk (", heads * dk, ") do not fit")));
+    OP_REQUIRES(ctx, value_column_ + heads * dv <= past_v.dim_size(1),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "past_values has ", past_v.dim_size(1), " columns: value_column ",
+                    value_column_, " + heads x Dv (", heads * dv, ") do not fit")));
+    const int64_t total = past + n;
+    OP_REQUIRES(ctx, total <= max_len_,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "the sequence has ", total, " tokens (", past, " cached + ", n,
+                    " new), more than max_seq_len ", max_len_)));
+    const bool time_bias = time_w.NumElements() > 0, pos_bias = pos_w.NumElements() > 0;
+    OP_REQUIRES(ctx, !time_bias || ts.dim_size(0) == total,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "timestamps must have one entry per token (", total, "), got shape ",
+                    ts.shape().DebugString())));
+    OP_REQUIRES(ctx, !pos_bias || pos_w.dim_size(0) == 2 * max_len_ - 1,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "position_bias_weights must have shape [", 2 * max_len_ - 1,
+                    "] [2 * max_seq_len - 1], got ", pos_w.shape().DebugString())));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, heads, dv}), &out));
+    if (out->NumElements() == 0) return;
+
+    std::shared_ptr<const Bucketizer> buckets;  // held by this call
+    if (time_bias) buckets = Buckets(time_w.dim_size(0));
+    const T *qp = CachedData<T>(q), *kp = CachedData<T>(k), *vp = CachedData<T>(v);
+    const T *pkp = CachedData<T>(past_k), *pvp = CachedData<T>(past_v);
+    const T* twp = time_bias ? CachedData<T>(time_w) : nullptr;
+    const T* pwp = pos_bias ? CachedData<T>(pos_w) : nullptr;
+    const int64_t* tsp = time_bias ? ts.flat<int64_t>().data() : nullptr;
+    const int64_t wk = past_k.dim_size(1), wv = past_v.dim_size(1);
+    const Acc alpha = static_cast<Acc>(alpha_);
+    const Acc scale = static_cast<Acc>(silu_scale_ == 0.0f ? 1.0f / static_cast<float>(max_len_)
+                                                           : silu_scale_);
+    T* op = reinterpret_cast<T*>(const_cast<char*>(out->tensor_data().data()));
+    const int64_t cost = (total + 1) * (dk + dv + 8);
+    ParallelFor(ctx, n * heads, cost, [&](int64_t begin, int64_t end) {
+      std::vector<Acc> acc(dv);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t i = item / heads, h = item % heads, pos_i = past + i;
+        const T* qi = qp + item * dk;
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        for (int64_t j = 0; j <= pos_i; ++j) {
+          const T* kj = j < past ? pkp + j * wk + key_column_ + h * dk
+                                 : kp + ((j - past) * heads + h) * dk;
+          Acc s = 0;
+          for (int64_t d = 0; d < dk; ++d) s += ToAcc<T, Acc>(qi[d]) * ToAcc<T, Acc>(kj[d]);
+          Acc z = RoundTo<T, Acc>(s);
+          if (time_bias || pos_bias) {
+            Acc rel;
+            if (time_bias) {
+              rel = ToAcc<T, Acc>(twp[(*buckets)(TimeGap(tsp[j], tsp[pos_i]))]);
+              if (pos_bias) {
+                rel = RoundTo<T, Acc>(rel + ToAcc<T, Acc>(pwp[max_len_ - 1 + j - pos_i]));
+              }
+            } else {
+              rel = ToAcc<T, Acc>(pwp[max_len_ - 1 + j - pos_i]);
+            }
+            z += rel;
+          }
+          z *= alpha;
+          const Acc p = RoundTo<T, Acc>(z / (Acc(1) + std::exp(-z)) * scale);
+          const T* vj = j < past ? pvp + j * wv + value_column_ + h * dv
+                                 : vp + ((j - past) * heads + h) * dv;
+          for (int64_t d = 0; d < dv; ++d) acc[d] += p * ToAcc<T, Acc>(vj[d]);
+        }
+        T* oi = op + item * dv;
+        for (int64_t d = 0; d < dv; ++d) oi[d] = static_cast<T>(acc[d]);
+      }
+    });
+  }
+
+ private:
+  // The exact bucketizer of `num_buckets` (the same buckets as the tiled forward's table),
+  // built once per count and shared by the calls.
+  std::shared_ptr<const Bucketizer> Buckets(int64_t num_buckets) {
+    absl::MutexLock lock(&mu_);
+    if (buckets_ == nullptr || num_buckets_ != num_buckets) {
+      buckets_ = std::make_shared<const Bucketizer>(divisor_, num_buckets);
+      num_buckets_ = num_buckets;
+    }
+    return buckets_;
+  }
+
+  absl::Mutex mu_;
+  std::shared_ptr<const Bucketizer> buckets_ ABSL_GUARDED_BY(mu_);
+  int64_t num_buckets_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t key_column_ = 0, value_column_ = 0, max_len_ = 1;
+  float alpha_ = 1.0f, silu_scale_ = 0.0f;
+  double divisor_ = 0.301;
+};
+
+}  // namespace
+
+#define REGISTER(T)                                                                         \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Recops>HstuCachedForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      HstuCachedForwardOp<T>);
+RECOPS_CALL_FLOAT_TYPES(REGISTER)
+#undef REGISTER
 
 }  // namespace recops

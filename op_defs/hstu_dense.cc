@@ -140,4 +140,42 @@ last_page_len[b] rows) followed by the k rows of its last num_target[b] tokens (
 causal attention with the target-group rule.
 )doc");
 
+REGISTER_OP("Recops>HstuCachedForward")
+    .Input("q: T")
+    .Input("k: T")
+    .Input("v: T")
+    .Input("past_keys: T")
+    .Input("past_values: T")
+    .Input("timestamps: int64")
+    .Input("time_bias_weights: T")
+    .Input("position_bias_weights: T")
+    .Output("output: T")
+    .Attr("T: {float, half, bfloat16, double}")
+    .Attr("key_column: int >= 0 = 0")
+    .Attr("value_column: int >= 0 = 0")
+    .Attr("max_seq_len: int >= 1")
+    .Attr("alpha: float = 1.0")
+    .Attr("silu_scale: float = 0.0")
+    .Attr("bucket_divisor: float = 0.301")
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle q, k, v, past_k, past_v;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &q));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &k));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 3, &v));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &past_k));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &past_v));
+      for (int i = 5; i < 8; ++i) TF_RETURN_IF_ERROR(RequireVector(c, i));
+      c->set_output(0, c->MakeShape({c->Dim(q, 0), c->Dim(q, 1), c->Dim(v, 2)}));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+HSTU attention of one sequence's n new tokens (q, k, v [n, N, D*]) over its P cached tokens
+and themselves (inference): key j < P is row j of past_keys at columns key_column +
+h * Dqk.. (values: past_values at value_column + h * Dv..), key P + i is k[i]; query i is
+position P + i and sees keys j <= P + i. Scores, relative bias (time buckets of timestamps
+[P + n] when time_bias_weights is not empty, position_bias_weights[max_seq_len - 1 + j -
+(P + i)] when not empty), alpha, SiLU and scale as HstuDenseForward's. The cached rows are
+read where they are, without concatenating past and new keys.
+)doc");
+
 }  // namespace recops

@@ -143,19 +143,21 @@ OPS = (
     OpStem(
         stem="hstu_dense",
         seed_ops=("hstu_dense_forward", "hstu_dense_backward", "hstu_backward_v2"),
-        tf_ops=("HstuDenseForward", "HstuDenseBackward", "HstuPagedForward"),
-        public=("hstu_attention", "hstu_attention_paged"),
+        tf_ops=("HstuDenseForward", "HstuDenseBackward", "HstuPagedForward",
+                "HstuCachedForward"),
+        public=("hstu_attention", "hstu_attention_paged", "hstu_attention_cached"),
         gradient="HstuDenseBackward (dq, dk, dv, d_attn_bias = dS, the relative-bias weights; "
                  "scores recomputed per "
-                 "tile); second order not implemented (raises); the paged forward is "
-                 "inference only (raises)",
-        reference=("hstu_attention", "hstu_attention_paged"),
+                 "tile); second order not implemented (raises); the paged and the cached "
+                 "forwards are inference only (raise)",
+        reference=("hstu_attention", "hstu_attention_paged", "hstu_attention_cached"),
         dtypes=FLOAT_DTYPES,
         index_dtypes=INDEX_DTYPES,
         bound="compute",
         bench={
             "tiny": ({"batch": 3, "max_len": 70, "heads": 2, "dim": 8},
                      {"batch": 3, "max_len": 40, "heads": 2, "dim": 8, "paged": True},
+                     {"batch": 2, "max_len": 40, "heads": 2, "dim": 8, "cached": 2},
                      {"batch": 3, "max_len": 70, "heads": 2, "dim": 8, "rel_bias": True},
                      {"batch": 3, "max_len": 70, "heads": 2, "dim": 8, "gr_window": 8}),
             # Lengths uniform in [1, L], causal, float32. At L = 4096 the padded composite's
@@ -165,6 +167,8 @@ OPS = (
                      {"batch": 4, "max_len": 4096, "heads": 4, "dim": 64},
                      {"batch": 256, "max_len": 2048, "heads": 4, "dim": 64, "paged": True,
                       "page_size": 128},
+                     # One new event of each of 8 users over a 1,000-event cache (serving).
+                     {"batch": 8, "max_len": 1001, "heads": 1, "dim": 50, "cached": 1},
                      # The fused relative bias against the dense bias built by the separate
                      # ops ([B, H, L, L], 512 MB here) fed to the same attention.
                      {"batch": 32, "max_len": 1024, "heads": 4, "dim": 64, "rel_bias": True},

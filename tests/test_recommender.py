@@ -421,3 +421,41 @@ def test_dropout_seed_moves_the_masks_not_the_initial_weights(encoder):
         world_size, rank = 2, 1
     assert training_module.rank_seed(config) == training_module.rank_seed(config, None) == 5
     assert training_module.rank_seed(config, Rank()) != 5
+
+
+@pytest.mark.parametrize("policy,tol", [("float32", 1e-5), ("mixed_bfloat16", 3e-2)])
+def test_extend_in_steps_equals_the_whole_history(policy, tol):
+    """GenerativeRecommender.extend: a history encoded in steps against the cache rows of the
+    earlier ones (36 events at once: the tiled kernel on concatenated keys; then 1 and 3 new
+    events: the cache read in place) gives the state and rows of the whole history at once."""
+    from recops_tf.layers import hstu_block
+    assert 36 > hstu_block.EXTEND_IN_PLACE >= 3
+    keras = tf.keras
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        tf.keras.utils.set_random_seed(0)
+        m = rec.GenerativeRecommender(60, encoder="hstu", d_model=16, num_blocks=2,
+                                      num_heads=2, head_dim=8, max_seq_len=48, seed=3)
+        rng = np.random.default_rng(0)
+        items = rng.integers(1, 61, 40).astype(np.int64)
+        stamps = np.cumsum(rng.integers(1, 100_000, 40)).astype(np.int64)
+        m({"items": tf.ragged.constant([items[:2]]), "timestamps": tf.ragged.constant(
+            [stamps[:2]])}, training=False)
+        for w in m.weights:  # biases start at 0: give them values, so they count
+            if "bias" in w.path and w.dtype == "float32":
+                w.assign(rng.normal(0, 0.3, w.shape).astype("float32"))
+        whole_rows, whole_state = m.extend(items, stamps, tf.zeros([0, m.cache_width],
+                                                                   m.compute_dtype),
+                                           tf.zeros([0], tf.int64))
+        want = model_module.last_states(m, tf.ragged.constant([items]),
+                                        tf.ragged.constant([stamps]))[0]
+        past = tf.zeros([0, m.cache_width], m.compute_dtype)
+        for lo, hi in ((0, 36), (36, 37), (37, 40)):
+            rows, state = m.extend(items[lo:hi], stamps[lo:hi], past, stamps[:lo])
+            past = tf.concat([past, rows], 0)
+        f64 = lambda x: tf.cast(x, tf.float64).numpy()  # noqa: E731
+        np.testing.assert_allclose(f64(state), f64(want), rtol=tol, atol=tol)
+        np.testing.assert_allclose(f64(whole_state), f64(want), rtol=tol, atol=tol)
+        np.testing.assert_allclose(f64(past), f64(whole_rows), rtol=tol, atol=tol)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

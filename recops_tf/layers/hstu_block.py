@@ -7,9 +7,15 @@ from recops_tf.layers._sequences import sequences
 from recops_tf.layers.relative_attention_bias import owned_relative_bias
 from recops_tf.ops._attention import gr_mask_args
 from recops_tf.ops._common import positive_int
-from recops_tf.ops.hstu_dense import hstu_attention
+from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_cached
 from recops_tf.ops.in_linear_silu import in_linear_silu
 from recops_tf.ops.norm_multiply_dropout import norm_multiply_dropout
+from recops_tf.ops.relative_attn_bias import DEFAULT_BUCKET_DIVISOR
+
+# HSTUBlock.extend: at most this many new tokens attend the cache in place; more go through
+# the tiled kernel (the in-place op loops over every visible key per token, O(n (P + n)) without
+# tiles: cheaper for a few tokens, the tiled kernel for a history re-encoded at once).
+EXTEND_IN_PLACE = 32
 
 
 @keras.saving.register_keras_serializable(package="recops_tf")
@@ -191,37 +197,62 @@ class HSTUBlock(keras.layers.Layer):
                               **attn_kw)
         return self.finish(rows, attn, u, training=training)
 
-    def extend(self, rows, past_keys, past_values, timestamps=None):
+    def extend(self, rows, past_keys, past_values, timestamps=None, *, key_column=0,
+               value_column=0):
         """Incremental inference with a key/value cache, for one sequence.
 
         ``rows`` ``[n, d_model]`` are the inputs of the sequence's next n tokens; its first P
-        tokens are summarised by their keys ``past_keys`` ``[P, num_heads * head_dim]`` and
-        values ``past_values`` ``[P, num_heads * value_dim]`` (what earlier calls returned);
+        tokens are summarised by their keys and values (what earlier calls returned): key j is
+        ``past_keys[j, key_column:key_column + num_heads * head_dim]`` and value j
+        ``past_values[j, value_column:value_column + num_heads * value_dim]`` (``[P, W]`` rows
+        may hold other columns too, e.g. every block's keys and values side by side);
         ``timestamps`` ``[P + n]`` are those of all tokens (with a time bias). Returns
         ``(out, keys, values)``: the block's ``[n, d_model]`` outputs of the new tokens and
-        their keys and values. ``out`` equals rows P.. of ``call`` on the whole sequence
-        (while P + n <= max_seq_len) at O(n (P + n)) attention cost instead of O((P + n)^2):
-        the new queries attend the cached keys ("delta" attention, same kernel, same fused
-        relative bias). Inference only (no dropout); the Rec SDK's causal mask only.
+        their keys ``[n, num_heads * head_dim]`` and values. ``out`` equals rows P.. of
+        ``call`` on the whole sequence (while P + n <= max_seq_len) at O(n (P + n)) attention
+        cost instead of O((P + n)^2): up to `EXTEND_IN_PLACE` new tokens attend the cache where
+        it is (``hstu_attention_cached``, fused build), more are concatenated after it and go
+        through the tiled kernel's "delta" layout, with the same fused relative bias.
+        Inference only (no dropout); the Rec SDK's causal mask only.
         """
         if self.gr_mask is not None or self.mask_type != "causal" or self.target_group_size:
             raise ValueError("HSTUBlock.extend supports the plain causal mask only")
         u, v, q, k = self.project(rows)
         rows = tf.cast(rows, self.compute_dtype)  # as __call__ autocasts its inputs
         dtype = rows.dtype
-        keys = tf.concat([tf.cast(past_keys, dtype), k], 0)
-        values = tf.concat([tf.cast(past_values, dtype), v], 0)
-        zero = tf.zeros([1], tf.int64)
-        attn_kw = dict(seq_offsets=tf.concat([zero, tf.shape(rows, out_type=tf.int64)[:1]], 0),
-                       seq_offsets_k=tf.concat([zero, tf.shape(keys, out_type=tf.int64)[:1]], 0),
-                       max_seq_len=self.max_seq_len, max_seq_len_k=self.max_seq_len,
-                       alpha=self.alpha, silu_scale=self.silu_scale, mask_type="causal",
-                       kernel=self._kernel)
-        if self.relative_bias is not None:
-            attn_kw.update(self.relative_bias.attention_kwargs(timestamps, dtype))
+        past_keys, past_values = tf.cast(past_keys, dtype), tf.cast(past_values, dtype)
         dq, dv = self.head_dim, self.value_dim
-        attn = hstu_attention(self._heads(q, dq), self._heads(keys, dq),
-                              self._heads(values, dv), **attn_kw)
+        bias = {}
+        if self.relative_bias is not None:
+            bias = self.relative_bias.attention_kwargs(timestamps, dtype)
+        common = dict(max_seq_len=self.max_seq_len, alpha=self.alpha,
+                      silu_scale=self.silu_scale)
+
+        def in_place():
+            return hstu_attention_cached(
+                self._heads(q, dq), self._heads(k, dq), self._heads(v, dv), past_keys,
+                past_values, key_column=key_column, value_column=value_column,
+                timestamps=bias.get("timestamps"),
+                time_bias_weights=bias.get("time_bias_weights"),
+                position_bias_weights=bias.get("position_bias_weights"),
+                bucket_divisor=bias.get("bucket_divisor", DEFAULT_BUCKET_DIVISOR), **common)
+
+        def concatenated():
+            hk, hv = self.num_heads * dq, self.num_heads * dv
+            keys = tf.concat([past_keys[:, key_column:key_column + hk], k], 0)
+            values = tf.concat([past_values[:, value_column:value_column + hv], v], 0)
+            zero = tf.zeros([1], tf.int64)
+            return hstu_attention(
+                self._heads(q, dq), self._heads(keys, dq), self._heads(values, dv),
+                seq_offsets=tf.concat([zero, tf.shape(rows, out_type=tf.int64)[:1]], 0),
+                seq_offsets_k=tf.concat([zero, tf.shape(keys, out_type=tf.int64)[:1]], 0),
+                max_seq_len_k=self.max_seq_len, mask_type="causal", kernel=self._kernel,
+                **bias, **common)
+
+        if not self.use_fused:
+            attn = concatenated()
+        else:
+            attn = tf.cond(tf.shape(rows)[0] <= EXTEND_IN_PLACE, in_place, concatenated)
         return self.finish(rows, attn, u), k, v
 
     def call(self, inputs, timestamps=None, num_targets=None, training=None, lengths=None,

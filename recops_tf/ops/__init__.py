@@ -1,6 +1,7 @@
 """Public op wrappers; importing this package registers every gradient (once)."""
 from recops_tf.ops.concat_jagged_tensor import concat_jagged_tensor, split_jagged_tensor
-from recops_tf.ops.hstu_dense import hstu_attention, hstu_attention_paged
+from recops_tf.ops.hstu_dense import (hstu_attention, hstu_attention_cached,
+                                      hstu_attention_paged)
 from recops_tf.ops.hstu_dense_fuxi import hstu_attention_fuxi
 from recops_tf.ops.disentangle_attention import disentangle_attention
 from recops_tf.ops.embedding_by_address import (DynamicEmbeddingTable, embedding_lookup,
@@ -27,6 +28,7 @@ __all__ = [
     "index_select_for_rank1_backward",
     "hstu_attention",
     "hstu_attention_paged",
+    "hstu_attention_cached",
     "hstu_attention_fuxi",
     "multislice_concat",
     "disentangle_attention",

@@ -335,6 +335,93 @@ def hstu_attention_paged(q, k, v, kv_cache, *, seq_offsets, page_offsets, page_i
             target_group_size=int(target_group_size))
 
 
+def hstu_attention_cached(q, k, v, past_keys, past_values, *, max_seq_len, key_column=0,
+                          value_column=0, alpha=1.0, silu_scale=0.0, timestamps=None,
+                          time_bias_weights=None, position_bias_weights=None,
+                          bucket_divisor=DEFAULT_BUCKET_DIVISOR, kernel="fused", name=None):
+    """HSTU attention of one sequence's new tokens over its cached tokens (inference).
+
+    The sequence has P cached tokens, whose keys and values an earlier call computed, and n
+    new ones (``q``, ``k``, ``v``). New token i is position ``P + i``: it attends the P cached
+    keys and the new keys ``0..i`` (the causal mask of ``hstu_attention``), with the same
+    scores, fused relative bias, alpha, SiLU and scale. The result equals the last n rows of
+    ``hstu_attention`` on the whole sequence, at O(n (P + n)) cost, and the cache is read
+    where it is: cached key ``j`` of head ``h`` is ``past_keys[j, key_column + h * Dqk:][:Dqk]``
+    (values likewise from ``past_values`` at ``value_column``), so a user's cache rows holding
+    every block's keys and values side by side need no slicing or concatenation.
+
+    Args:
+      q, k: ``[n, N, Dqk]`` the new tokens' queries and keys.
+      v: ``[n, N, Dv]``.
+      past_keys, past_values: ``[P, Wk]``, ``[P, Wv]`` the cached rows (``P`` may be 0).
+      max_seq_len: the attention's sequence bound (``P + n`` at most; the position bias has
+        ``2 * max_seq_len - 1`` weights; ``silu_scale`` 0 means ``1 / max_seq_len``).
+      key_column, value_column: where head 0's key / value starts in a cached row.
+      alpha, silu_scale, bucket_divisor: as in ``hstu_attention``.
+      timestamps: ``[P + n]`` int64, every token's (with ``time_bias_weights``).
+      time_bias_weights: ``[num_buckets]`` or None; position_bias_weights: ``[2 *
+        max_seq_len - 1]`` or None.
+      kernel: ``"fused"`` (the op library) or ``"reference"`` (concatenation, then the
+        stock-TF composite of ``hstu_attention``).
+      name: optional op name.
+
+    Returns:
+      ``[n, N, Dv]``.
+
+    Gradient: none (inference op; asking for one raises).
+
+    Raises:
+      InvalidArgumentError: shapes (k unlike q, v or the cached rows of other lengths,
+        columns past a cached row), more than max_seq_len tokens, timestamps not one per
+        token, position weights not ``2 * max_seq_len - 1``.
+      TypeError: q not float32/float16/bfloat16/float64, or the others of another dtype.
+      ValueError: max_seq_len below 1, a negative column.
+
+    Example:
+
+    >>> past = tf.ones([3, 4])  # 3 cached tokens: key (2 wide) then value (2 wide)
+    >>> new = tf.ones([1, 1, 2])
+    >>> out = hstu_attention_cached(new, new, new, past, past, max_seq_len=4,
+    ...     value_column=2, silu_scale=1.0)
+    >>> [round(x, 4) for x in out.numpy().ravel().tolist()]
+    [7.0464, 7.0464]
+    """
+    max_seq_len, _ = seq_lens("hstu_attention_cached", max_seq_len)
+    if int(key_column) < 0 or int(value_column) < 0:
+        raise ValueError(f"hstu_attention_cached: key_column and value_column must be >= 0, "
+                         f"got {key_column} and {value_column}")
+    with tf.name_scope(name or "hstu_attention_cached"):
+        q, k, v, past_keys, past_values = value_tensors(
+            "hstu_attention_cached", q=q, k=k, v=v, past_keys=past_keys,
+            past_values=past_values)
+        dtype = q.dtype
+        time_w = (tf.zeros([0], dtype) if time_bias_weights is None else
+                  tf.cast(time_bias_weights, dtype))
+        pos_w = (tf.zeros([0], dtype) if position_bias_weights is None else
+                 tf.cast(position_bias_weights, dtype))
+        if time_bias_weights is not None and timestamps is None:
+            raise ValueError("hstu_attention_cached: time_bias_weights need timestamps")
+        ts = (tf.zeros([0], tf.int64) if timestamps is None else
+              tf.cast(index_tensor(timestamps, "timestamps"), tf.int64))
+        if not check_kernel(kernel, "hstu_attention_cached"):
+            return reference.hstu_attention_cached(
+                q, k, v, past_keys, past_values, int(max_seq_len), int(key_column),
+                int(value_column), alpha=alpha, silu_scale=silu_scale,
+                timestamps=None if timestamps is None else ts,
+                time_bias_weights=None if time_bias_weights is None else time_w,
+                position_bias_weights=None if position_bias_weights is None else pos_w,
+                bucket_divisor=bucket_divisor)
+        return lib().recops_hstu_cached_forward(
+            q, k, v, past_keys, past_values, ts, time_w, pos_w, key_column=int(key_column),
+            value_column=int(value_column), max_seq_len=int(max_seq_len), alpha=float(alpha),
+            silu_scale=float(silu_scale), bucket_divisor=float(bucket_divisor))
+
+
+@tf.RegisterGradient("Recops>HstuCachedForward")
+def _hstu_cached_forward_grad(op, grad):
+    raise NotImplementedError("hstu_attention_cached is an inference op: it has no gradient")
+
+
 @tf.RegisterGradient("Recops>HstuPagedForward")
 def _hstu_paged_forward_grad(op, grad):
     raise NotImplementedError("hstu_attention_paged is an inference op: it has no gradient")

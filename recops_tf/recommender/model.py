@@ -205,10 +205,11 @@ class GenerativeRecommender(keras.Model):
         x += tf.cast(self.positions(p + tf.range(tf.size(items))), compute)
         ts = tf.concat([past_timestamps, timestamps], 0) if self.relative_bias else None
         hk = self.num_heads * self.head_dim
-        past = tf.reshape(tf.cast(past, compute), [-1, self.num_blocks, 2 * hk])
+        past = tf.cast(past, compute)  # [P, blocks x (keys, values)], read in place
         rows = []
         for b, block in enumerate(self.blocks):
-            x, k, v = block.extend(x, past[:, b, :hk], past[:, b, hk:], ts)
+            x, k, v = block.extend(x, past, past, ts, key_column=2 * b * hk,
+                                   value_column=(2 * b + 1) * hk)
             rows += [k, v]
         state = tf.cast(x[-1], tf.float32)
         state = tf.math.l2_normalize(state, epsilon=1e-12) if self.l2_norm else \

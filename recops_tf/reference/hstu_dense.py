@@ -163,3 +163,26 @@ def hstu_attention_paged(q, k, v, kv_cache, seq_offsets, page_offsets, page_ids,
     return hstu_attention(q, keys, values, seq_offsets, offsets_k, max_seq_len, max_seq_len_k,
                           alpha=alpha, silu_scale=silu_scale, num_target=num_target,
                           target_group_size=target_group_size)
+
+
+def hstu_attention_cached(q, k, v, past_keys, past_values, max_seq_len, key_column=0,
+                          value_column=0, alpha=1.0, silu_scale=0.0, timestamps=None,
+                          time_bias_weights=None, position_bias_weights=None,
+                          bucket_divisor=0.301):
+    """q, k [n, N, Dqk], v [n, N, Dv] of one sequence's new tokens over its P cached rows:
+    the cached keys and values concatenated before the new ones, then the delta layout's
+    attention (the new tokens are the last positions of the keys)."""
+    heads, dk = q.shape[1], q.shape[2]
+    dv = v.shape[2]
+    keys = tf.concat([tf.reshape(past_keys[:, key_column:key_column + heads * dk],
+                                 [-1, heads, dk]), k], 0)
+    values = tf.concat([tf.reshape(past_values[:, value_column:value_column + heads * dv],
+                                   [-1, heads, dv]), v], 0)
+    zero = tf.zeros([1], tf.int64)
+    offsets_q = tf.concat([zero, tf.shape(q, out_type=tf.int64)[:1]], 0)
+    offsets_k = tf.concat([zero, tf.shape(keys, out_type=tf.int64)[:1]], 0)
+    return hstu_attention(q, keys, values, offsets_q, offsets_k, max_seq_len, max_seq_len,
+                          alpha=alpha, silu_scale=silu_scale, timestamps=timestamps,
+                          time_bias_weights=time_bias_weights,
+                          position_bias_weights=position_bias_weights,
+                          bucket_divisor=bucket_divisor)

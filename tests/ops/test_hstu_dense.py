@@ -608,6 +608,97 @@ def test_paged_error_keys_longer_than_max_seq_len_k():
         paged(paged_problem(), max_seq_len_k=5)
 
 
+# ---- cached forward (new tokens over cached rows, read in place) ---------------------------
+CACHED_MAX = 80
+
+
+def cached_problem(dtype=tf.float32, past=9, new=3, heads=2, dqk=6, dv=5, bias=True, seed=0):
+    """Cached rows [past, W] with every head's keys at column 3 and values after a gap of 2."""
+    width = 3 + heads * dqk + 2 + heads * dv
+    args = dict(q=random_values([new, heads, dqk], dtype, seed),
+                k=random_values([new, heads, dqk], dtype, seed + 1),
+                v=random_values([new, heads, dv], dtype, seed + 2),
+                rows=random_values([past, width], dtype, seed + 3),
+                key_column=3, value_column=3 + heads * dqk + 2)
+    if bias:
+        rng = np.random.default_rng(seed)
+        args.update(timestamps=tf.constant(np.cumsum(rng.integers(0, 90_000, past + new)),
+                                           tf.int64),
+                    time_bias_weights=random_values([24], dtype, seed + 4),
+                    position_bias_weights=random_values([2 * CACHED_MAX - 1], dtype, seed + 5))
+    return args
+
+
+def cached(args, **kw):
+    a = dict(args)
+    return recops_tf.hstu_attention_cached(a.pop("q"), a.pop("k"), a.pop("v"), a["rows"],
+                                           a.pop("rows"), max_seq_len=CACHED_MAX, alpha=0.8,
+                                           **{**a, **kw})
+
+
+def tiled_on_concatenated(args):
+    """The tiled kernel's delta layout on the cached keys concatenated before the new ones."""
+    q, k, v, rows = args["q"], args["k"], args["v"], args["rows"]
+    heads, dqk, dv = q.shape[1], q.shape[2], v.shape[2]
+    kc, vc = args["key_column"], args["value_column"]
+    keys = tf.concat([tf.reshape(rows[:, kc:kc + heads * dqk], [-1, heads, dqk]), k], 0)
+    values = tf.concat([tf.reshape(rows[:, vc:vc + heads * dv], [-1, heads, dv]), v], 0)
+    bias = {key: args[key] for key in ("timestamps", "time_bias_weights",
+                                       "position_bias_weights") if key in args}
+    return recops_tf.hstu_attention(q, keys, values, seq_offsets=offsets([q.shape[0]]),
+                                    seq_offsets_k=offsets([keys.shape[0]]),
+                                    max_seq_len=CACHED_MAX, max_seq_len_k=CACHED_MAX, alpha=0.8,
+                                    **bias)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("past,new,bias", [(9, 3, True), (9, 1, False), (0, 4, True),
+                                           (70, 2, True)])
+def test_cached_equals_the_tiled_kernel_on_concatenated_keys(dtype, past, new, bias):
+    args = cached_problem(dtype, past, new, bias=bias)
+    assert_close(cached(args), tiled_on_concatenated(args), dtype)
+    assert_close(cached(args, kernel="reference"), tiled_on_concatenated(args), dtype)
+
+
+def test_cached_equals_the_last_rows_of_the_whole_sequence():
+    args = cached_problem(tf.float64, past=12, new=3, heads=1)
+    whole = tiled_on_concatenated(dict(args, q=tf.concat([tf.zeros([12, 1, 6], tf.float64),
+                                                          args["q"]], 0)))
+    # queries of the whole sequence: the last 3 rows are the new tokens'
+    np.testing.assert_allclose(cached(args).numpy(), whole.numpy()[12:], rtol=1e-12, atol=1e-14)
+
+
+def test_cached_inside_function_and_no_gradient():
+    args = cached_problem()
+    assert_close(tf.function(lambda a: cached(a))(args), cached(args), tf.float32)
+    with pytest.raises(NotImplementedError, match="inference"):
+        with tf.GradientTape() as tape:
+            tape.watch(args["q"])
+            loss = tf.reduce_sum(cached(args))
+        tape.gradient(loss, args["q"])
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(k=tf.zeros([2, 2, 6])), "k must have q's shape"),
+    (dict(key_column=20), "columns: key_column 20"),
+    (dict(value_column=20), "columns: value_column 20"),
+    (dict(timestamps=tf.zeros([5], tf.int64)), "timestamps must have one entry per token"),
+    (dict(position_bias_weights=tf.zeros([7])), r"position_bias_weights must have shape \[159\]"),
+])
+def test_cached_errors(change, message):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        cached({**cached_problem(), **change})
+
+
+def test_cached_errors_before_the_op():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than max_seq_len 80"):
+        cached(cached_problem(past=79, new=2, bias=False))
+    with pytest.raises(ValueError, match="key_column and value_column must be >= 0"):
+        cached(cached_problem(), key_column=-1)
+    with pytest.raises(ValueError, match="time_bias_weights need timestamps"):
+        cached({**cached_problem(), "timestamps": None})
+
+
 # ---- the two backward paths ---------------------------------------------------------------
 # Many (sequence, kv head) pairs take the one-pass backward; a single sequence takes the
 # two-pass one. Both must match the reference and each other bit for bit.

@@ -1,5 +1,5 @@
-"""Cases of hstu_dense: causal jagged HSTU attention, its paged KV-cache forward and its fused
-relative bias."""
+"""Cases of hstu_dense: causal jagged HSTU attention, its paged KV-cache forward, its cached
+forward (new tokens over cache rows read in place) and its fused relative bias."""
 import numpy as np
 import tensorflow as tf
 
@@ -9,12 +9,17 @@ from recops_tf.testing.cases._common import Case, row_offsets, tensor_bytes
 from recops_tf.testing.inputs import random_values
 
 
-def build(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
+def build(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16, cached=0,
           rel_bias=False, gr_window=0, dtype=tf.float32, index_dtype=tf.int64, seed=0):
     """Causal jagged HSTU attention, lengths uniform in [1, max_len], Nq = Nk, Dqk = Dv.
 
     With `paged`, the paged KV-cache forward: each sequence has a cache of up to max_len keys
     in pages and up to 4 new tokens, the last up to 2 of them targets (forward only).
+
+    With `cached` = n > 0, the cached forward (``hstu_attention_cached``) of `batch`
+    sequences called one after the other (a serving step per user): each has max_len - n
+    cached tokens, whose rows hold every head's keys then values, and n new tokens, with the
+    relative bias (forward only); the reference concatenates the cache and the new keys.
 
     With `rel_bias`, the fused relative bias (129 time buckets of increasing timestamps, gaps
     up to a day, and 2 * max_len - 1 position weights) against the same attention given the
@@ -29,6 +34,8 @@ def build(batch=3, max_len=70, heads=2, dim=8, paged=False, page_size=16,
     rng = np.random.default_rng(seed)
     if paged:
         return _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, seed)
+    if cached:
+        return _hstu_cached(rng, batch, max_len, heads, dim, cached, dtype, seed)
     lengths = rng.integers(1, max_len + 1, size=batch)
     offsets = row_offsets(lengths, index_dtype)
     rows = int(lengths.sum())
@@ -101,6 +108,31 @@ def _hstu_rel_bias(rng, lengths, offsets, max_len, heads, qkv, flops, dtype, see
                 fused, separate, [*qkv, time_w, pos_w], [0, 1, 2, 3, 4],
                 tensor_bytes(*qkv, qkv[2]), 2 * tensor_bytes(*qkv, qkv[2]), flops_forward=flops,
                 flops_backward=2 * flops)
+
+
+def _hstu_cached(rng, batch, max_len, heads, dim, new, dtype, seed):
+    past = max_len - new
+    q, k, v = (random_values([batch, new, heads, dim], dtype, seed + i) for i in (1, 2, 3))
+    rows = random_values([batch, past, 2 * heads * dim], dtype, seed + 4)
+    stamps = tf.constant(np.cumsum(rng.integers(0, 86_400, [batch, max_len]), 1), tf.int64)
+    time_w = random_values([129], dtype, seed + 5)
+    pos_w = random_values([2 * max_len - 1], dtype, seed + 6)
+
+    def each(fn, kernel):
+        def run(q, k, v, rows):
+            return tf.stack([fn(q[b], k[b], v[b], rows[b], rows[b], max_seq_len=max_len,
+                                value_column=heads * dim, timestamps=stamps[b],
+                                time_bias_weights=time_w, position_bias_weights=pos_w,
+                                kernel=kernel) for b in range(batch)])
+        return run
+
+    flops = int(2 * heads * 2 * dim * batch * new * max_len)
+    row_bytes = heads * dim * tf.as_dtype(dtype).size
+    return Case(f"cached B={batch} x (cache {past} + {new} new) H={heads} D={dim}",
+                each(recops_tf.hstu_attention_cached, "fused"),
+                each(recops_tf.hstu_attention_cached, "reference"), [q, k, v, rows], [],
+                batch * (2 * past + 4 * new) * row_bytes, 0, flops_forward=flops,
+                bound="memory")
 
 
 def _hstu_paged(rng, batch, max_len, heads, dim, page_size, dtype, index_dtype, seed):
