@@ -290,6 +290,41 @@ def grpc_client(port, requests, expected):
     return make
 
 
+def status_client(api, port):
+    """A factory of model-status callers (REST ``GET /v1/models/default``, gRPC
+    ``GetModelStatus``): the server's request path without a model call, the ceiling of any
+    request's throughput on this stack."""
+    def make():
+        if api == "rest":
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+            def call(i):
+                try:
+                    conn.request("GET", "/v1/models/default")
+                    response = conn.getresponse()
+                    raw = response.read()
+                except (OSError, http.client.HTTPException) as e:
+                    conn.close()
+                    return f"{type(e).__name__}: {e}"
+                return None if response.status == 200 else f"HTTP {response.status}: {raw!r}"
+
+            return call, conn.close
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}",
+                                        options=[("grpc.use_local_subchannel_pool", 1)])
+        stub, request = _apis.stubs(channel), _apis.GetModelStatusRequest()
+        request.model_spec.name = "default"
+
+        def call(i):
+            try:
+                stub.GetModelStatus(request, timeout=60)
+            except grpc.RpcError as e:
+                return f"gRPC {e.code().name}: {e.details()}"
+            return None
+
+        return call, channel.close
+    return make
+
+
 def run_level(make_client, concurrency, total, seconds, warmup=2, probe=None, marks=None):
     """Closed loop: `concurrency` threads, each with its client, send requests until `total`
     were sent or `seconds` passed (after `warmup` untimed requests each). Returns the
@@ -449,6 +484,21 @@ def bench_predict(servers, module, num_items, args):
                 print(f"{api} batching {batching} x{concurrency}: {result['ok']} ok, "
                       f"{result['errors']} errors, p50 {_ms(result['p50_ms'])} ms, "
                       f"{_num(result['throughput_rps'], 0)} req/s", file=sys.stderr, flush=True)
+    for api in ("rest", "grpc"):  # the stack's ceiling: status requests, no model call
+        server = servers["on"]
+        concurrency = 16 if 16 in args.concurrency else max(args.concurrency)
+        port = server.rest_port if api == "rest" else server.grpc_port
+        marks = {}
+        result = summary(*run_level(status_client(api, port), concurrency,
+                                    level_requests(args.requests, concurrency), args.seconds,
+                                    probe=lambda: (server.cpu_seconds(), _own_cpu()),
+                                    marks=marks))
+        result.update(api=f"{api} status (no model call)", batching="-",
+                      concurrency=concurrency, mean_batch=None,
+                      **_cpu(marks, result["requests"], result["wall_s"]))
+        rows.append(result)
+        print(f"{api} status x{concurrency}: {result['ok']} ok, {result['errors']} errors, "
+              f"{_num(result['throughput_rps'], 0)} req/s", file=sys.stderr, flush=True)
     return floor, rows
 
 
@@ -716,6 +766,15 @@ def targets(result):
                             "measured": f"{ratio:.2f} ({on['throughput_rps']:.0f} / "
                             f"{off['throughput_rps']:.0f})", "bound": ">= 3" if api == "rest"
                             else ">= 3 (not a target for gRPC)", "holds": ratio >= 3})
+                ceiling = cells.get((f"{api} status (no model call)", "-", 16))
+                if ceiling and ceiling["throughput_rps"]:
+                    most = ceiling["throughput_rps"] / off["throughput_rps"]
+                    out.append({"target": f"(b) bound: {api} status req/s (no model call) / "
+                                "predict req/s batching off, concurrency 16",
+                                "measured": f"{most:.2f} ({ceiling['throughput_rps']:.0f} / "
+                                f"{off['throughput_rps']:.0f})",
+                                "bound": ">= 3, else no batching reaches 3x on this stack",
+                                "holds": most >= 3})
     row = next((r for r in result["cache"] if r["history"] == TARGET_H), None)
     if row:
         out.append({"target": f"(c) H={TARGET_H}, REST recompute / cached p50",
