@@ -432,8 +432,11 @@ class HstuCachedForwardOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, heads, dv}), &out));
     if (out->NumElements() == 0) return;
 
-    std::shared_ptr<const Bucketizer> buckets;  // held by this call
+    std::shared_ptr<const HstuBuckets> buckets;  // held by this call
     if (time_bias) buckets = Buckets(time_w.dim_size(0));
+    const BucketTable* table =
+        buckets != nullptr && buckets->table.usable() ? &buckets->table : nullptr;
+    const Bucketizer* exact = buckets != nullptr ? &buckets->exact : nullptr;
     const T *qp = CachedData<T>(q), *kp = CachedData<T>(k), *vp = CachedData<T>(v);
     const T *pkp = CachedData<T>(past_k), *pvp = CachedData<T>(past_v);
     const T* twp = time_bias ? CachedData<T>(time_w) : nullptr;
@@ -446,21 +449,30 @@ class HstuCachedForwardOp : public OpKernel {
     T* op = reinterpret_cast<T*>(const_cast<char*>(out->tensor_data().data()));
     const int64_t cost = (total + 1) * (dk + dv + 8);
     ParallelFor(ctx, n * heads, cost, [&](int64_t begin, int64_t end) {
-      std::vector<Acc> acc(dv);
+      constexpr int64_t kLanes = 8;  // independent partial sums: the dot product vectorises
+      std::vector<Acc> acc(dv), qa(dk);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t i = item / heads, h = item % heads, pos_i = past + i;
         const T* qi = qp + item * dk;
+        for (int64_t d = 0; d < dk; ++d) qa[d] = ToAcc<T, Acc>(qi[d]);
         std::fill(acc.begin(), acc.end(), Acc(0));
         for (int64_t j = 0; j <= pos_i; ++j) {
           const T* kj = j < past ? pkp + j * wk + key_column_ + h * dk
                                  : kp + ((j - past) * heads + h) * dk;
+          Acc part[kLanes] = {};
+          int64_t d = 0;
+          for (; d + kLanes <= dk; d += kLanes) {
+            for (int64_t l = 0; l < kLanes; ++l) part[l] += qa[d + l] * ToAcc<T, Acc>(kj[d + l]);
+          }
+          for (; d < dk; ++d) part[0] += qa[d] * ToAcc<T, Acc>(kj[d]);
           Acc s = 0;
-          for (int64_t d = 0; d < dk; ++d) s += ToAcc<T, Acc>(qi[d]) * ToAcc<T, Acc>(kj[d]);
+          for (int64_t l = 0; l < kLanes; ++l) s += part[l];
           Acc z = RoundTo<T, Acc>(s);
           if (time_bias || pos_bias) {
             Acc rel;
             if (time_bias) {
-              rel = ToAcc<T, Acc>(twp[(*buckets)(TimeGap(tsp[j], tsp[pos_i]))]);
+              const uint64_t gap = TimeGap(tsp[j], tsp[pos_i]);
+              rel = ToAcc<T, Acc>(twp[table != nullptr ? (*table)(gap) : (*exact)(gap)]);
               if (pos_bias) {
                 rel = RoundTo<T, Acc>(rel + ToAcc<T, Acc>(pwp[max_len_ - 1 + j - pos_i]));
               }
@@ -482,20 +494,18 @@ class HstuCachedForwardOp : public OpKernel {
   }
 
  private:
-  // The exact bucketizer of `num_buckets` (the same buckets as the tiled forward's table),
-  // built once per count and shared by the calls.
-  std::shared_ptr<const Bucketizer> Buckets(int64_t num_buckets) {
+  // The time buckets of `num_buckets` (the tiled forward's exact bucketizer and table), built
+  // once per count and shared by the calls.
+  std::shared_ptr<const HstuBuckets> Buckets(int64_t num_buckets) {
     absl::MutexLock lock(&mu_);
-    if (buckets_ == nullptr || num_buckets_ != num_buckets) {
-      buckets_ = std::make_shared<const Bucketizer>(divisor_, num_buckets);
-      num_buckets_ = num_buckets;
+    if (buckets_ == nullptr || buckets_->num_buckets != num_buckets) {
+      buckets_ = std::make_shared<const HstuBuckets>(divisor_, num_buckets);
     }
     return buckets_;
   }
 
   absl::Mutex mu_;
-  std::shared_ptr<const Bucketizer> buckets_ ABSL_GUARDED_BY(mu_);
-  int64_t num_buckets_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const HstuBuckets> buckets_ ABSL_GUARDED_BY(mu_);
   int64_t key_column_ = 0, value_column_ = 0, max_len_ = 1;
   float alpha_ = 1.0f, silu_scale_ = 0.0f;
   double divisor_ = 0.301;
