@@ -55,6 +55,7 @@ import math
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -806,6 +807,9 @@ def main(argv=None):
                         help="the cache sweep's history lengths H (default "
                         f"{' '.join(map(str, CACHE_HISTORIES))}; each < {MAX_SEQ_LEN})")
     parser.add_argument("--num-items", type=int, default=3000)
+    parser.add_argument("--batching-flags", default="",
+                        help="extra flags of the batching server, e.g. '--num-batch-threads 1 "
+                        "--batch-timeout-micros 2000' (default: recops-tf serve's defaults)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     args = parser.parse_args(argv)
     args.concurrency = args.concurrency or ([1, 4, 16] if args.quick else [1, 4, 16, 64])
@@ -830,7 +834,7 @@ def main(argv=None):
             width = json.load(f)["cache_width"]
         print(f"exported {path} in {time.time() - began:.1f} s", file=sys.stderr, flush=True)
         # all three start at once (each loads TensorFlow and the model), then wait for each
-        for name, flags in (("on", []), ("off", ["--no-batching"]),
+        for name, flags in (("on", shlex.split(args.batching_flags)), ("off", ["--no-batching"]),
                             ("recompute", ["--cache-mb", "0"])):
             servers[name] = Server(name, tmp, flags, tmp)
         for server in servers.values():
@@ -855,6 +859,7 @@ def main(argv=None):
         "config": {"concurrency": args.concurrency, "requests": args.requests,
                    "seconds": args.seconds, "cache_reps": args.cache_reps,
                    "histories": args.histories, "num_items": args.num_items,
+                   "batching_flags": args.batching_flags,
                    "max_seq_len": MAX_SEQ_LEN, "history": HISTORY, "quick": args.quick,
                    "cpus": os.cpu_count(), "load_average_before": load_before,
                    "load_average_after": os.getloadavg(),

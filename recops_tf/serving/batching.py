@@ -37,15 +37,23 @@ def batch_rows(signature, tensors):
 
 
 def _merge(tasks, pad):
+    """The tasks' inputs stacked along dimension 0, each padded at the end of the other
+    dimensions with `pad` to the largest (one allocation per input: np.pad per part cost more
+    than the model call saves on small batches)."""
     out = {}
     for key in tasks[0].tensors:
         parts = [t.tensors[key] for t in tasks]
+        if pad is None:
+            out[key] = np.concatenate(parts)
+            continue
         shape = np.max([p.shape for p in parts], axis=0)
-        if pad is not None:
-            parts = [np.pad(p, [(0, 0)] + [(0, int(w - s)) for w, s in
-                                            zip(shape[1:], p.shape[1:])],
-                            constant_values=pad) for p in parts]
-        out[key] = np.concatenate(parts)
+        merged = np.full((sum(len(p) for p in parts),) + tuple(
+            int(w) for w in shape[1:]), pad, parts[0].dtype)
+        row = 0
+        for p in parts:
+            merged[(slice(row, row + len(p)),) + tuple(slice(0, w) for w in p.shape[1:])] = p
+            row += len(p)
+        out[key] = merged
     return out
 
 
