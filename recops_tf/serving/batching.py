@@ -19,13 +19,15 @@ from recops_tf.serving.models import RequestError
 
 
 class _Task:
-    __slots__ = ("version", "signature", "tensors", "rows", "done", "result", "error")
+    __slots__ = ("version", "signature", "tensors", "rows", "done", "result", "error",
+                 "on_done")
 
-    def __init__(self, version, signature, tensors):
+    def __init__(self, version, signature, tensors, on_done=None):
         self.version, self.signature, self.tensors = version, signature, tensors
         self.rows = len(next(iter(tensors.values()))) if tensors else 0
         self.done = threading.Event()
         self.result = self.error = None
+        self.on_done = on_done  # called with the task once answered (from a batch thread)
 
 
 def batch_rows(signature, tensors):
@@ -79,15 +81,21 @@ class Batcher:
             t.start()
 
     def submit(self, version, signature, tensors):
-        task = _Task(version, signature, tensors)
-        try:
-            self.queue.put_nowait(task)
-        except queue.Full:
-            raise RequestError(503, "the batching queue is full; retry later") from None
+        task = self.enqueue(version, signature, tensors)
         task.done.wait()
         if task.error is not None:
             raise task.error
         return task.result
+
+    def enqueue(self, version, signature, tensors, on_done=None):
+        """Queues a request without waiting: ``on_done(task)`` is called from a batch thread
+        once ``task.result`` (or ``task.error``) is set (``task.done`` is set too)."""
+        task = _Task(version, signature, tensors, on_done)
+        try:
+            self.queue.put_nowait(task)
+        except queue.Full:
+            raise RequestError(503, "the batching queue is full; retry later") from None
+        return task
 
     def close(self):
         for _ in self.threads:
@@ -164,3 +172,8 @@ class Batcher:
                 task.error = RequestError(500, f"{type(e).__name__}: {e}")
         for task in tasks:
             task.done.set()
+            if task.on_done is not None:
+                try:
+                    task.on_done(task)
+                except Exception:  # noqa: BLE001  (its waiter is gone, e.g. a closed loop)
+                    pass

@@ -129,13 +129,29 @@ class ModelServer:
         with self._in_flight_lock:
             self._in_flight += delta
 
-    def predict(self, version, signature, tensors):
+    def batchable(self, signature, tensors):
         rows = batch_rows(signature, tensors)
-        if self.batcher is not None and rows is not None and rows <= self.options.max_batch_size:
+        return (self.batcher is not None and rows is not None
+                and rows <= self.options.max_batch_size)
+
+    def predict(self, version, signature, tensors):
+        if self.batchable(signature, tensors):
             return self.batcher.submit(version, signature, tensors)
         out = signature(tensors)
-        self.metrics.batch.observe(rows or 1)
+        self.metrics.batch.observe(batch_rows(signature, tensors) or 1)
         return out
+
+    def predict_batched(self, version, signature, tensors):
+        """An asyncio future of a batchable request's outputs (the event loop waits on the
+        batcher directly: no worker thread blocked per request)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(task):
+            loop.call_soon_threadsafe(_settle, future, task)
+
+        self.batcher.enqueue(version, signature, tensors, on_done=done)
+        return future
 
     def recommend(self, version, body):
         """Our endpoint beside TF Serving's: top-k for a user from the user's cached state
@@ -261,6 +277,15 @@ class ModelServer:
         return entry.state
 
 
+def _settle(future, task):
+    if future.cancelled():
+        return
+    if task.error is not None:
+        future.set_exception(task.error)
+    else:
+        future.set_result(task.result)
+
+
 def _timestamps(values, n, what, before=None):
     """Timestamps given (ints, one per item) or, when absent, one event a second ending now
     (or ending before `before`)."""
@@ -278,15 +303,23 @@ def _error(status, message):
     return web.json_response({"error": message}, status=status)
 
 
+# A :predict body up to this size is parsed on the event loop when batching is on (a few
+# rows: tens of microseconds); larger ones are parsed on a worker thread.
+INLINE_BYTES = 16 << 10
+
+
 def rest_app(server, executor):
     """The aiohttp application of TF Serving's REST API, ``:recommend``, metrics and health."""
     opts = server.options
 
     async def run(api, fn, *args):
+        return await timed(api, asyncio.get_running_loop().run_in_executor(executor, fn, *args))
+
+    async def timed(api, awaitable):
         began = time.perf_counter()
         status = "200"
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+            return await awaitable
         except RequestError as e:
             status = str(e.status)
             raise
@@ -326,18 +359,36 @@ def rest_app(server, executor):
     async def predict(request):
         body = await body_of(request)
 
-        def work():
+        def parse():
             version = server.model(request.match_info["name"], version_of(request))
             name = body.get("signature_name") if isinstance(body, dict) else None
             if name is not None and not isinstance(name, str):
                 raise RequestError(400, "'signature_name' must be a string")
             signature = version.signature(name)
-            tensors, rows = request_tensors(body, signature)
+            return (version, signature) + request_tensors(body, signature)
+
+        def work():
+            version, signature, tensors, rows = parse()
             return response_body(server.predict(version, signature, tensors), rows)
+
+        async def batched():
+            # A small request is parsed on the event loop and waits for its batch there; a
+            # large one, or one that cannot join a batch, runs on a worker thread.
+            version, signature, tensors, rows = parse()
+            if not server.batchable(signature, tensors):
+                return await asyncio.get_running_loop().run_in_executor(
+                    executor, lambda: response_body(server.predict(version, signature,
+                                                                   tensors), rows))
+            return response_body(await server.predict_batched(version, signature, tensors),
+                                 rows)
 
         server.predicting(+1)
         try:
-            return web.json_response(await run("rest_predict", work))
+            if server.batcher is not None and (request.content_length or 0) <= INLINE_BYTES:
+                answer = await timed("rest_predict", batched())
+            else:
+                answer = await run("rest_predict", work)
+            return web.json_response(answer)
         finally:
             server.predicting(-1)
 
