@@ -362,6 +362,88 @@ const T* CachedData(const Tensor& t) {
   return reinterpret_cast<const T*>(t.tensor_data().data());
 }
 
+// One call's inputs of HstuCachedForward (pointers into validated tensors).
+template <typename T>
+struct CachedArgs {
+  using Acc = AccumT<T>;
+  const T *q, *k, *v, *past_k, *past_v, *time_w, *pos_w;
+  const int64_t* ts;
+  const BucketTable* table;
+  const Bucketizer* exact;
+  int64_t heads, dk, dv, past, wk, wv, key_column, value_column, max_len;
+  bool time_bias, pos_bias;
+  Acc alpha, scale;
+  T* out;
+};
+
+// Work items [begin, end) of (new token i, head h): token i (position past + i) over keys
+// 0..past + i; inlined into the per-ISA clones below.
+template <typename T>
+RECOPS_INLINE void CachedItems(const CachedArgs<T>& a, int64_t begin, int64_t end) {
+  using Acc = AccumT<T>;
+  constexpr int64_t kLanes = 16;  // independent partial sums: the dot product vectorises
+  Acc acc[512], qa[512];          // dk, dv <= 512 (checked by the op)
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t i = item / a.heads, h = item % a.heads, pos_i = a.past + i;
+    const T* qi = a.q + item * a.dk;
+    for (int64_t d = 0; d < a.dk; ++d) qa[d] = ToAcc<T, Acc>(qi[d]);
+    for (int64_t d = 0; d < a.dv; ++d) acc[d] = Acc(0);
+    for (int64_t j = 0; j <= pos_i; ++j) {
+      const T* kj = j < a.past ? a.past_k + j * a.wk + a.key_column + h * a.dk
+                               : a.k + ((j - a.past) * a.heads + h) * a.dk;
+      Acc part[kLanes] = {};
+      int64_t d = 0;
+      for (; d + kLanes <= a.dk; d += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) part[l] += qa[d + l] * ToAcc<T, Acc>(kj[d + l]);
+      }
+      for (int64_t l = 0; d < a.dk; ++d, ++l) part[l] += qa[d] * ToAcc<T, Acc>(kj[d]);
+      Acc s = 0;
+      for (int64_t l = 0; l < kLanes; ++l) s += part[l];
+      Acc z = RoundTo<T, Acc>(s);
+      if (a.time_bias || a.pos_bias) {
+        Acc rel;
+        if (a.time_bias) {
+          const uint64_t gap = TimeGap(a.ts[j], a.ts[pos_i]);
+          rel = ToAcc<T, Acc>(a.time_w[a.table != nullptr ? (*a.table)(gap) : (*a.exact)(gap)]);
+          if (a.pos_bias) {
+            rel = RoundTo<T, Acc>(rel + ToAcc<T, Acc>(a.pos_w[a.max_len - 1 + j - pos_i]));
+          }
+        } else {
+          rel = ToAcc<T, Acc>(a.pos_w[a.max_len - 1 + j - pos_i]);
+        }
+        z += rel;
+      }
+      z *= a.alpha;
+      const Acc p = RoundTo<T, Acc>(z / (Acc(1) + std::exp(-z)) * a.scale);
+      const T* vj = j < a.past ? a.past_v + j * a.wv + a.value_column + h * a.dv
+                               : a.v + ((j - a.past) * a.heads + h) * a.dv;
+      for (int64_t d = 0; d < a.dv; ++d) acc[d] += p * ToAcc<T, Acc>(vj[d]);
+    }
+    T* oi = a.out + item * a.dv;
+    for (int64_t d = 0; d < a.dv; ++d) oi[d] = static_cast<T>(acc[d]);
+  }
+}
+
+// The float32 and bfloat16 items (the serving dtypes) compiled for AVX-512, AVX2 and baseline
+// x86-64, picked at load time; the other dtypes at the baseline.
+RECOPS_MULTIVERSION void CachedItemsFloat(const CachedArgs<float>& a, int64_t b, int64_t e) {
+  CachedItems<float>(a, b, e);
+}
+RECOPS_MULTIVERSION void CachedItemsBfloat16(const CachedArgs<Eigen::bfloat16>& a, int64_t b,
+                                             int64_t e) {
+  CachedItems<Eigen::bfloat16>(a, b, e);
+}
+template <typename T>
+void CachedItemsBest(const CachedArgs<T>& a, int64_t b, int64_t e) {
+  if constexpr (std::is_same_v<T, float>) {
+    CachedItemsFloat(a, b, e);
+  } else if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
+    CachedItemsBfloat16(a, b, e);
+  } else {
+    CachedItems<T>(a, b, e);
+  }
+}
+
 template <typename T>
 class HstuCachedForwardOp : public OpKernel {
  public:
@@ -414,6 +496,9 @@ class HstuCachedForwardOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat(
                     "past_values has ", past_v.dim_size(1), " columns: value_column ",
                     value_column_, " + heads x Dv (", heads * dv, ") do not fit")));
+    OP_REQUIRES(ctx, dk <= 512 && dv <= 512,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "head dims must be at most 512, got Dqk ", dk, " and Dv ", dv)));
     const int64_t total = past + n;
     OP_REQUIRES(ctx, total <= max_len_,
                 absl::InvalidArgumentError(absl::StrCat(
@@ -436,7 +521,7 @@ class HstuCachedForwardOp : public OpKernel {
     if (time_bias) buckets = Buckets(time_w.dim_size(0));
     const BucketTable* table =
         buckets != nullptr && buckets->table.usable() ? &buckets->table : nullptr;
-    const Bucketizer* exact = buckets != nullptr ? &buckets->exact : nullptr;
+    const Bucketizer* exact_ptr = buckets != nullptr ? &buckets->exact : nullptr;
     const T *qp = CachedData<T>(q), *kp = CachedData<T>(k), *vp = CachedData<T>(v);
     const T *pkp = CachedData<T>(past_k), *pvp = CachedData<T>(past_v);
     const T* twp = time_bias ? CachedData<T>(time_w) : nullptr;
@@ -448,48 +533,11 @@ class HstuCachedForwardOp : public OpKernel {
                                                            : silu_scale_);
     T* op = reinterpret_cast<T*>(const_cast<char*>(out->tensor_data().data()));
     const int64_t cost = (total + 1) * (dk + dv + 8);
+    const CachedArgs<T> args{qp, kp, vp, pkp, pvp, twp, pwp, tsp, table, exact_ptr, heads,
+                             dk, dv, past, wk, wv, key_column_, value_column_, max_len_,
+                             time_bias, pos_bias, alpha, scale, op};
     ParallelFor(ctx, n * heads, cost, [&](int64_t begin, int64_t end) {
-      constexpr int64_t kLanes = 8;  // independent partial sums: the dot product vectorises
-      std::vector<Acc> acc(dv), qa(dk);
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t i = item / heads, h = item % heads, pos_i = past + i;
-        const T* qi = qp + item * dk;
-        for (int64_t d = 0; d < dk; ++d) qa[d] = ToAcc<T, Acc>(qi[d]);
-        std::fill(acc.begin(), acc.end(), Acc(0));
-        for (int64_t j = 0; j <= pos_i; ++j) {
-          const T* kj = j < past ? pkp + j * wk + key_column_ + h * dk
-                                 : kp + ((j - past) * heads + h) * dk;
-          Acc part[kLanes] = {};
-          int64_t d = 0;
-          for (; d + kLanes <= dk; d += kLanes) {
-            for (int64_t l = 0; l < kLanes; ++l) part[l] += qa[d + l] * ToAcc<T, Acc>(kj[d + l]);
-          }
-          for (; d < dk; ++d) part[0] += qa[d] * ToAcc<T, Acc>(kj[d]);
-          Acc s = 0;
-          for (int64_t l = 0; l < kLanes; ++l) s += part[l];
-          Acc z = RoundTo<T, Acc>(s);
-          if (time_bias || pos_bias) {
-            Acc rel;
-            if (time_bias) {
-              const uint64_t gap = TimeGap(tsp[j], tsp[pos_i]);
-              rel = ToAcc<T, Acc>(twp[table != nullptr ? (*table)(gap) : (*exact)(gap)]);
-              if (pos_bias) {
-                rel = RoundTo<T, Acc>(rel + ToAcc<T, Acc>(pwp[max_len_ - 1 + j - pos_i]));
-              }
-            } else {
-              rel = ToAcc<T, Acc>(pwp[max_len_ - 1 + j - pos_i]);
-            }
-            z += rel;
-          }
-          z *= alpha;
-          const Acc p = RoundTo<T, Acc>(z / (Acc(1) + std::exp(-z)) * scale);
-          const T* vj = j < past ? pvp + j * wv + value_column_ + h * dv
-                                 : vp + ((j - past) * heads + h) * dv;
-          for (int64_t d = 0; d < dv; ++d) acc[d] += p * ToAcc<T, Acc>(vj[d]);
-        }
-        T* oi = op + item * dv;
-        for (int64_t d = 0; d < dv; ++d) oi[d] = static_cast<T>(acc[d]);
-      }
+      CachedItemsBest(args, begin, end);
     });
   }
 
