@@ -484,6 +484,9 @@ class HstuCachedForwardOp : public OpKernel {
     OP_REQUIRES(ctx, v.dim_size(0) == n && v.dim_size(1) == heads,
                 absl::InvalidArgumentError(absl::StrCat(
                     "v must be [", n, ", ", heads, ", Dv] like q, got ", v.shape().DebugString())));
+    OP_REQUIRES(ctx, dk <= 512 && dv <= 512,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "head dims must be at most 512, got Dqk ", dk, " and Dv ", dv)));
     OP_REQUIRES(ctx, past_v.dim_size(0) == past,
                 absl::InvalidArgumentError(absl::StrCat(
                     "past_keys and past_values must have the same rows, got ", past, " and ",
@@ -496,9 +499,6 @@ class HstuCachedForwardOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat(
                     "past_values has ", past_v.dim_size(1), " columns: value_column ",
                     value_column_, " + heads x Dv (", heads * dv, ") do not fit")));
-    OP_REQUIRES(ctx, dk <= 512 && dv <= 512,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "head dims must be at most 512, got Dqk ", dk, " and Dv ", dv)));
     const int64_t total = past + n;
     OP_REQUIRES(ctx, total <= max_len_,
                 absl::InvalidArgumentError(absl::StrCat(

@@ -684,6 +684,7 @@ def test_cached_inside_function_and_no_gradient():
     (dict(value_column=20), "columns: value_column 20"),
     (dict(timestamps=tf.zeros([5], tf.int64)), "timestamps must have one entry per token"),
     (dict(position_bias_weights=tf.zeros([7])), r"position_bias_weights must have shape \[159\]"),
+    (dict(q=tf.zeros([3, 2, 513]), k=tf.zeros([3, 2, 513])), "head dims must be at most 512"),
 ])
 def test_cached_errors(change, message):
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
