@@ -347,7 +347,6 @@ RECOPS_CALL_FLOAT_TYPES(REGISTER)
 
 }  // namespace
 
-
 // Cached forward (HstuCachedForward): the attention of a few new tokens over a sequence's
 // cached keys and values, read in place (incremental inference: a user's next events against
 // the rows an earlier call returned). One work item per (new token, head): its scores over the
@@ -477,42 +476,42 @@ class HstuCachedForwardOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckRank(pos_w, "position_bias_weights", 1));
     const int64_t n = q.dim_size(0), heads = q.dim_size(1), dk = q.dim_size(2);
     const int64_t dv = v.dim_size(2), past = past_k.dim_size(0);
-    OP_REQUIRES(ctx, k.shape() == q.shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "k must have q's shape ", q.shape().DebugString(), ", got ",
-                    k.shape().DebugString())));
+    OP_REQUIRES(
+        ctx, k.shape() == q.shape(),
+        absl::InvalidArgumentError(absl::StrCat("k must have q's shape ", q.shape().DebugString(),
+                                                ", got ", k.shape().DebugString())));
     OP_REQUIRES(ctx, v.dim_size(0) == n && v.dim_size(1) == heads,
                 absl::InvalidArgumentError(absl::StrCat(
                     "v must be [", n, ", ", heads, ", Dv] like q, got ", v.shape().DebugString())));
     OP_REQUIRES(ctx, dk <= 512 && dv <= 512,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "head dims must be at most 512, got Dqk ", dk, " and Dv ", dv)));
+                absl::InvalidArgumentError(
+                    absl::StrCat("head dims must be at most 512, got Dqk ", dk, " and Dv ", dv)));
     OP_REQUIRES(ctx, past_v.dim_size(0) == past,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "past_keys and past_values must have the same rows, got ", past, " and ",
-                    past_v.dim_size(0))));
+                absl::InvalidArgumentError(
+                    absl::StrCat("past_keys and past_values must have the same rows, got ", past,
+                                 " and ", past_v.dim_size(0))));
     OP_REQUIRES(ctx, key_column_ + heads * dk <= past_k.dim_size(1),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "past_keys has ", past_k.dim_size(1), " columns: key_column ", key_column_,
-                    " + heads x Dqk (", heads * dk, ") do not fit")));
+                absl::InvalidArgumentError(
+                    absl::StrCat("past_keys has ", past_k.dim_size(1), " columns: key_column ",
+                                 key_column_, " + heads x Dqk (", heads * dk, ") do not fit")));
     OP_REQUIRES(ctx, value_column_ + heads * dv <= past_v.dim_size(1),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "past_values has ", past_v.dim_size(1), " columns: value_column ",
-                    value_column_, " + heads x Dv (", heads * dv, ") do not fit")));
+                absl::InvalidArgumentError(
+                    absl::StrCat("past_values has ", past_v.dim_size(1), " columns: value_column ",
+                                 value_column_, " + heads x Dv (", heads * dv, ") do not fit")));
     const int64_t total = past + n;
     OP_REQUIRES(ctx, total <= max_len_,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "the sequence has ", total, " tokens (", past, " cached + ", n,
-                    " new), more than max_seq_len ", max_len_)));
+                absl::InvalidArgumentError(
+                    absl::StrCat("the sequence has ", total, " tokens (", past, " cached + ", n,
+                                 " new), more than max_seq_len ", max_len_)));
     const bool time_bias = time_w.NumElements() > 0, pos_bias = pos_w.NumElements() > 0;
-    OP_REQUIRES(ctx, !time_bias || ts.dim_size(0) == total,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "timestamps must have one entry per token (", total, "), got shape ",
-                    ts.shape().DebugString())));
+    OP_REQUIRES(
+        ctx, !time_bias || ts.dim_size(0) == total,
+        absl::InvalidArgumentError(absl::StrCat("timestamps must have one entry per token (", total,
+                                                "), got shape ", ts.shape().DebugString())));
     OP_REQUIRES(ctx, !pos_bias || pos_w.dim_size(0) == 2 * max_len_ - 1,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "position_bias_weights must have shape [", 2 * max_len_ - 1,
-                    "] [2 * max_seq_len - 1], got ", pos_w.shape().DebugString())));
+                absl::InvalidArgumentError(
+                    absl::StrCat("position_bias_weights must have shape [", 2 * max_len_ - 1,
+                                 "] [2 * max_seq_len - 1], got ", pos_w.shape().DebugString())));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, heads, dv}), &out));
     if (out->NumElements() == 0) return;
@@ -529,16 +528,16 @@ class HstuCachedForwardOp : public OpKernel {
     const int64_t* tsp = time_bias ? ts.flat<int64_t>().data() : nullptr;
     const int64_t wk = past_k.dim_size(1), wv = past_v.dim_size(1);
     const Acc alpha = static_cast<Acc>(alpha_);
-    const Acc scale = static_cast<Acc>(silu_scale_ == 0.0f ? 1.0f / static_cast<float>(max_len_)
-                                                           : silu_scale_);
+    const Acc scale =
+        static_cast<Acc>(silu_scale_ == 0.0f ? 1.0f / static_cast<float>(max_len_) : silu_scale_);
     T* op = reinterpret_cast<T*>(const_cast<char*>(out->tensor_data().data()));
     const int64_t cost = (total + 1) * (dk + dv + 8);
-    const CachedArgs<T> args{qp, kp, vp, pkp, pvp, twp, pwp, tsp, table, exact_ptr, heads,
-                             dk, dv, past, wk, wv, key_column_, value_column_, max_len_,
-                             time_bias, pos_bias, alpha, scale, op};
-    ParallelFor(ctx, n * heads, cost, [&](int64_t begin, int64_t end) {
-      CachedItemsBest(args, begin, end);
-    });
+    const CachedArgs<T> args{qp,       kp,        vp,       pkp,       pvp,         twp,
+                             pwp,      tsp,       table,    exact_ptr, heads,       dk,
+                             dv,       past,      wk,       wv,        key_column_, value_column_,
+                             max_len_, time_bias, pos_bias, alpha,     scale,       op};
+    ParallelFor(ctx, n * heads, cost,
+                [&](int64_t begin, int64_t end) { CachedItemsBest(args, begin, end); });
   }
 
  private:
@@ -561,8 +560,8 @@ class HstuCachedForwardOp : public OpKernel {
 
 }  // namespace
 
-#define REGISTER(T)                                                                         \
-  REGISTER_KERNEL_BUILDER(                                                                  \
+#define REGISTER(T)                                                                           \
+  REGISTER_KERNEL_BUILDER(                                                                    \
       Name("Recops>HstuCachedForward").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       HstuCachedForwardOp<T>);
 RECOPS_CALL_FLOAT_TYPES(REGISTER)
