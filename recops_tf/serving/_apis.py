@@ -167,8 +167,9 @@ _METHODS = {  # path: (request class, response class)
 
 
 def add_services(server, predict, get_model_metadata, get_model_status):
-    """Serve the three methods on ``server`` (a ``grpc.Server``); each behaviour is a callable
-    ``(request, context) -> response`` on the message classes of this module."""
+    """Serve the three methods on ``server`` (a ``grpc.Server`` or ``grpc.aio.Server``); each
+    behaviour is a callable ``(request, context) -> response`` (a coroutine function for the
+    asyncio server) on the message classes of this module."""
     services = {}
     for path, behaviour in zip(_METHODS, (predict, get_model_metadata, get_model_status)):
         service, method = path[1:].split("/")

@@ -435,59 +435,67 @@ def rest_app(server, executor):
 
 
 # -- gRPC ----------------------------------------------------------------------------------
-def grpc_server(server, address):
-    """A grpc.Server with TF Serving's PredictionService and ModelService; ``(server, port)``."""
+def grpc_server(server, address, executor):
+    """A ``grpc.aio`` server with TF Serving's PredictionService and ModelService, to start on
+    the REST server's event loop; ``(server, port)``. A batchable Predict waits for its batch
+    on the loop; every other request runs on `executor`."""
     opts = server.options
 
-    def call(api, context, fn):
+    async def call(api, context, awaitable):
         began = time.perf_counter()
         status = "200"
         try:
-            return fn()
+            return await awaitable
         except RequestError as e:
             status = str(e.status)
-            context.abort(_GRPC_CODES.get(e.status, grpc.StatusCode.INTERNAL), e.message)
+            await context.abort(_GRPC_CODES.get(e.status, grpc.StatusCode.INTERNAL), e.message)
+        except grpc.aio.AbortError:
+            raise
         except Exception as e:  # noqa: BLE001
             status = "500"
-            context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
         finally:
             server.metrics.requests.labels(api, status).inc()
             server.metrics.latency.labels(api).observe(time.perf_counter() - began)
 
+    def in_executor(fn):
+        return asyncio.get_running_loop().run_in_executor(executor, fn)
+
     def spec_version(spec):
         return spec.version.value if spec.HasField("version") else None
 
-    def predict(request, context):
+    async def predict(request, context):
         server.predicting(+1)
         try:
-            return call("grpc_predict", context, predict_work(request))
+            return await call("grpc_predict", context, predict_work(request))
         finally:
             server.predicting(-1)
 
-    def predict_work(request):
-        def work():
-            version = server.model(request.model_spec.name, spec_version(request.model_spec))
-            signature = version.signature(request.model_spec.signature_name)
-            try:
-                tensors = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
-            except Exception as e:  # noqa: BLE001
-                raise RequestError(400, f"an input TensorProto is malformed: {e}") from None
-            signature.check(tensors)
-            outputs = server.predict(version, signature, tensors)
-            wanted = set(request.output_filter) or set(outputs)
-            unknown = wanted - set(outputs)
-            if unknown:
-                raise RequestError(400, f"output_filter names unknown outputs {sorted(unknown)}")
-            response = _apis.PredictResponse()
-            response.model_spec.name = opts.model_name
-            response.model_spec.version.value = version.number
-            response.model_spec.signature_name = signature.name
-            for key in wanted:
-                response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key]))
-            return response
-        return work
+    async def predict_work(request):
+        version = server.model(request.model_spec.name, spec_version(request.model_spec))
+        signature = version.signature(request.model_spec.signature_name)
+        try:
+            tensors = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+        except Exception as e:  # noqa: BLE001
+            raise RequestError(400, f"an input TensorProto is malformed: {e}") from None
+        signature.check(tensors)
+        if server.batchable(signature, tensors):
+            outputs = await server.predict_batched(version, signature, tensors)
+        else:
+            outputs = await in_executor(lambda: server.predict(version, signature, tensors))
+        wanted = set(request.output_filter) or set(outputs)
+        unknown = wanted - set(outputs)
+        if unknown:
+            raise RequestError(400, f"output_filter names unknown outputs {sorted(unknown)}")
+        response = _apis.PredictResponse()
+        response.model_spec.name = opts.model_name
+        response.model_spec.version.value = version.number
+        response.model_spec.signature_name = signature.name
+        for key in wanted:
+            response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key]))
+        return response
 
-    def get_model_metadata(request, context):
+    async def get_model_metadata(request, context):
         def work():
             version, defs = server.metadata(request.model_spec.name,
                                             spec_version(request.model_spec))
@@ -501,9 +509,9 @@ def grpc_server(server, address):
                 sigs.signature_def[k].CopyFrom(v)
             response.metadata["signature_def"].Pack(sigs)
             return response
-        return call("grpc_metadata", context, work)
+        return await call("grpc_metadata", context, in_executor(work))
 
-    def get_model_status(request, context):
+    async def get_model_status(request, context):
         def work():
             response = _apis.GetModelStatusResponse()
             for number, _ in server.status(request.model_spec.name,
@@ -512,10 +520,9 @@ def grpc_server(server, address):
                 status.version = number
                 status.state = _apis.ModelVersionStatus.AVAILABLE
             return response
-        return call("grpc_status", context, work)
+        return await call("grpc_status", context, in_executor(work))
 
-    g = grpc.server(concurrent.futures.ThreadPoolExecutor(opts.workers), options=[
-        ("grpc.max_receive_message_length", opts.max_request_bytes)])
+    g = grpc.aio.server(options=[("grpc.max_receive_message_length", opts.max_request_bytes)])
     _apis.add_services(g, predict, get_model_metadata, get_model_status)
     port = g.add_insecure_port(address)
     if port == 0:
@@ -535,9 +542,11 @@ class Running:
         self.rest_port = self.grpc_port = None
         self.grpc = None
         if options.grpc_port >= 0:
-            self.grpc, self.grpc_port = grpc_server(
-                self.server, f"{options.host}:{options.grpc_port}")
-            self.grpc.start()
+            async def make():  # grpc.aio binds the server to the running loop
+                return grpc_server(self.server, f"{options.host}:{options.grpc_port}",
+                                   self.executor)
+            self.grpc, self.grpc_port = self.loop.run_until_complete(make())
+            self.loop.run_until_complete(self.grpc.start())
         self.runner = None
         if options.rest_port >= 0:
             self.runner = web.AppRunner(rest_app(self.server, self.executor),
@@ -565,11 +574,15 @@ class Running:
 
     def stop(self):
         self.server.ready = False
-        done = self.grpc.stop(self.options.drain_seconds) if self.grpc else None
-        if self.runner is not None:
-            self.loop.run_until_complete(self.runner.cleanup())
-        if done is not None:
-            done.wait()
+        async def drain():  # both at once: requests in flight answered, new ones refused
+            drains = []
+            if self.grpc is not None:
+                drains.append(self.grpc.stop(self.options.drain_seconds))
+            if self.runner is not None:
+                drains.append(self.runner.cleanup())
+            await asyncio.gather(*drains)
+
+        self.loop.run_until_complete(drain())
         self.server.close()
         self.executor.shutdown(wait=True)
         self.loop.close()
