@@ -263,6 +263,41 @@ def test_concurrent_requests_are_batched_and_answered_as_alone(served):
     assert total == 24 and count < 24, (count, total)  # some calls held several requests
 
 
+def test_concurrent_grpc_requests_are_batched_and_answered_as_alone(served):
+    """gRPC Predicts await their batch on the event loop (grpc.aio), as REST's do; a
+    malformed request among them gets its own error and fails no other."""
+    server, module = served
+    rng = np.random.default_rng(2)
+    requests = [_rows(rng, 1, int(rng.integers(2, 20))) for _ in range(24)]
+    before = _batch_stats(server)
+
+    def ask(index):
+        items, stamps = requests[index]
+        request = _apis.PredictRequest()
+        request.model_spec.name = "default"
+        request.inputs["items"].CopyFrom(tf.make_tensor_proto(
+            items if index != 5 else -items))  # 5: ids below 1
+        request.inputs["timestamps"].CopyFrom(tf.make_tensor_proto(stamps))
+        try:
+            return server.stubs.Predict(request, timeout=60)
+        except grpc.RpcError as e:
+            return e
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(ask, range(len(requests))))
+    for index, ((items, stamps), answer) in enumerate(zip(requests, answers)):
+        if index == 5:
+            assert answer.code() == grpc.StatusCode.INVALID_ARGUMENT, answer
+            continue
+        want = module.signatures["serving_default"](items=tf.constant(items),
+                                                    timestamps=tf.constant(stamps))
+        np.testing.assert_array_equal(tf.make_ndarray(answer.outputs["items"]), want["items"])
+        np.testing.assert_allclose(tf.make_ndarray(answer.outputs["scores"]), want["scores"],
+                                   rtol=1e-5, atol=1e-5)
+    count, total = (a - b for a, b in zip(_batch_stats(server), before))
+    assert total >= 23 and count < total, (count, total)  # some calls held several requests
+
+
 def _batch_stats(server):
     _, text = server.http("/monitoring/prometheus/metrics")
     get = lambda name: float(next(line.split()[-1] for line in text.splitlines()  # noqa: E731
