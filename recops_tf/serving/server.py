@@ -303,8 +303,8 @@ def _error(status, message):
     return web.json_response({"error": message}, status=status)
 
 
-# A :predict body up to this size is parsed on the event loop when batching is on (a few
-# rows: tens of microseconds); larger ones are parsed on a worker thread.
+# A :predict request (REST body, gRPC message) up to this size is parsed on the event loop when
+# batching is on (a few rows: tens of microseconds); larger ones on a worker thread.
 INLINE_BYTES = 16 << 10
 
 
@@ -471,7 +471,7 @@ def grpc_server(server, address, executor):
         finally:
             server.predicting(-1)
 
-    async def predict_work(request):
+    def parse(request):
         version = server.model(request.model_spec.name, spec_version(request.model_spec))
         signature = version.signature(request.model_spec.signature_name)
         try:
@@ -479,10 +479,22 @@ def grpc_server(server, address, executor):
         except Exception as e:  # noqa: BLE001
             raise RequestError(400, f"an input TensorProto is malformed: {e}") from None
         signature.check(tensors)
-        if server.batchable(signature, tensors):
-            outputs = await server.predict_batched(version, signature, tensors)
+        return version, signature, tensors
+
+    async def predict_work(request):
+        # As REST's: a small batchable request is parsed on the event loop and waits for its
+        # batch there; a large one, or one that cannot join a batch, runs on a worker thread.
+        if server.batcher is not None and request.ByteSize() <= INLINE_BYTES:
+            version, signature, tensors = parse(request)
+            if server.batchable(signature, tensors):
+                outputs = await server.predict_batched(version, signature, tensors)
+            else:
+                outputs = await in_executor(lambda: server.predict(version, signature, tensors))
         else:
-            outputs = await in_executor(lambda: server.predict(version, signature, tensors))
+            def work():
+                version, signature, tensors = parse(request)
+                return version, signature, server.predict(version, signature, tensors)
+            version, signature, outputs = await in_executor(work)
         wanted = set(request.output_filter) or set(outputs)
         unknown = wanted - set(outputs)
         if unknown:
