@@ -454,12 +454,7 @@ class HstuCachedForwardOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_seq_len", &max_len_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("alpha", &alpha_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("silu_scale", &silu_scale_));
-    float divisor = 0.0f;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_divisor", &divisor));
-    OP_REQUIRES(ctx, divisor > 0.0f && std::isfinite(divisor),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "bucket_divisor must be a positive finite number, got ", divisor)));
-    divisor_ = divisor;
+    OP_REQUIRES_OK(ctx, buckets_.Init(ctx));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -517,7 +512,7 @@ class HstuCachedForwardOp : public OpKernel {
     if (out->NumElements() == 0) return;
 
     std::shared_ptr<const HstuBuckets> buckets;  // held by this call
-    if (time_bias) buckets = Buckets(time_w.dim_size(0));
+    if (time_bias) buckets = buckets_.Get(time_w.dim_size(0));
     const BucketTable* table =
         buckets != nullptr && buckets->table.usable() ? &buckets->table : nullptr;
     const Bucketizer* exact_ptr = buckets != nullptr ? &buckets->exact : nullptr;
@@ -541,21 +536,9 @@ class HstuCachedForwardOp : public OpKernel {
   }
 
  private:
-  // The time buckets of `num_buckets` (the tiled forward's exact bucketizer and table), built
-  // once per count and shared by the calls.
-  std::shared_ptr<const HstuBuckets> Buckets(int64_t num_buckets) {
-    absl::MutexLock lock(&mu_);
-    if (buckets_ == nullptr || buckets_->num_buckets != num_buckets) {
-      buckets_ = std::make_shared<const HstuBuckets>(divisor_, num_buckets);
-    }
-    return buckets_;
-  }
-
-  absl::Mutex mu_;
-  std::shared_ptr<const HstuBuckets> buckets_ ABSL_GUARDED_BY(mu_);
+  HstuBucketCache buckets_;
   int64_t key_column_ = 0, value_column_ = 0, max_len_ = 1;
   float alpha_ = 1.0f, silu_scale_ = 0.0f;
-  double divisor_ = 0.301;
 };
 
 }  // namespace

@@ -37,6 +37,37 @@ struct HstuBuckets {
   const BucketTable table;
 };
 
+// The relative bias's bucket_divisor attribute and the buckets built from it: those of the
+// last call when it had as many buckets, else new ones (a call keeps its own alive, so
+// replacing them never pulls them from under a concurrent call). The only state a call writes.
+class HstuBucketCache {
+ public:
+  // Reads and checks the `bucket_divisor` attribute.
+  absl::Status Init(OpKernelConstruction* ctx) {
+    float divisor = 0.0f;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("bucket_divisor", &divisor));
+    if (!(divisor > 0.0f && std::isfinite(divisor))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket_divisor must be a positive finite number, got ", divisor));
+    }
+    divisor_ = divisor;
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<const HstuBuckets> Get(int64_t num_buckets) const {
+    absl::MutexLock lock(&mu_);
+    if (buckets_ == nullptr || buckets_->num_buckets != num_buckets) {
+      buckets_ = std::make_shared<const HstuBuckets>(divisor_, num_buckets);
+    }
+    return buckets_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  mutable std::shared_ptr<const HstuBuckets> buckets_ ABSL_GUARDED_BY(mu_);
+  double divisor_ = 0.301;
+};
+
 // One call's validated problem and the vectors it points into. Per call, not per kernel
 // instance: TF runs concurrent Compute calls on one kernel (one tf.function called from
 // several threads, inter-op parallelism), which must share nothing mutable.
@@ -87,12 +118,7 @@ class HstuBase : public OpKernel {
     if (ctx->HasAttr("has_time_bias")) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("has_time_bias", &time_bias_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("has_position_bias", &pos_bias_));
-      float divisor = 0.0f;
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_divisor", &divisor));
-      OP_REQUIRES(ctx, divisor > 0.0f && std::isfinite(divisor),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "bucket_divisor must be a positive finite number, got ", divisor)));
-      divisor_ = divisor;
+      OP_REQUIRES_OK(ctx, buckets_.Init(ctx));
     }
   }
 
@@ -246,7 +272,7 @@ class HstuBase : public OpKernel {
         return absl::InvalidArgumentError(
             "time_bias_weights must have at least one bucket, got shape [0]");
       }
-      call->buckets = Buckets(num_buckets);
+      call->buckets = buckets_.Get(num_buckets);
       const HstuBuckets& buckets = *call->buckets;
       p.bucketizer = &buckets.exact;
       p.bucket_table = buckets.table.usable() ? &buckets.table : nullptr;
@@ -323,21 +349,7 @@ class HstuBase : public OpKernel {
     return t.NumElements() ? t.flat<T>().data() : nullptr;
   }
 
-  // The buckets for num_buckets time buckets: those of the last call when it had as many,
-  // else new ones (a call keeps its own alive, so replacing them never pulls them from under
-  // a concurrent call).
-  std::shared_ptr<const HstuBuckets> Buckets(int64_t num_buckets) const {
-    absl::MutexLock lock(&buckets_mu_);
-    if (buckets_ == nullptr || buckets_->num_buckets != num_buckets) {
-      buckets_ = std::make_shared<const HstuBuckets>(divisor_, num_buckets);
-    }
-    return buckets_;
-  }
-
-  // The only state a call writes: a cache of the (immutable) buckets.
-  mutable absl::Mutex buckets_mu_;
-  mutable std::shared_ptr<const HstuBuckets> buckets_ ABSL_GUARDED_BY(buckets_mu_);
-  double divisor_ = 0.301;
+  HstuBucketCache buckets_;
   bool time_bias_ = false, pos_bias_ = false;
   int64_t max_q_, max_k_, group_ = 0, window_left_ = -1, window_right_ = -1;
   float alpha_ = 1.0f, silu_scale_ = 0.0f;
