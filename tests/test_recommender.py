@@ -427,7 +427,8 @@ def test_dropout_seed_moves_the_masks_not_the_initial_weights(encoder):
 def test_extend_in_steps_equals_the_whole_history(policy, tol):
     """GenerativeRecommender.extend: a history encoded in steps against the cache rows of the
     earlier ones (36 events at once: the tiled kernel on concatenated keys; then 1 and 3 new
-    events: the cache read in place) gives the state and rows of the whole history at once."""
+    events: the cache read in place; or every step one way, ``in_place`` True or False) gives
+    the state and rows of the whole history at once."""
     from recops_tf.layers import hstu_block
     assert 36 > hstu_block.EXTEND_IN_PLACE >= 3
     keras = tf.keras
@@ -449,13 +450,16 @@ def test_extend_in_steps_equals_the_whole_history(policy, tol):
                                            tf.zeros([0], tf.int64))
         want = model_module.last_states(m, tf.ragged.constant([items]),
                                         tf.ragged.constant([stamps]))[0]
-        past = tf.zeros([0, m.cache_width], m.compute_dtype)
-        for lo, hi in ((0, 36), (36, 37), (37, 40)):
-            rows, state = m.extend(items[lo:hi], stamps[lo:hi], past, stamps[:lo])
-            past = tf.concat([past, rows], 0)
         f64 = lambda x: tf.cast(x, tf.float64).numpy()  # noqa: E731
-        np.testing.assert_allclose(f64(state), f64(want), rtol=tol, atol=tol)
         np.testing.assert_allclose(f64(whole_state), f64(want), rtol=tol, atol=tol)
-        np.testing.assert_allclose(f64(past), f64(whole_rows), rtol=tol, atol=tol)
+        # in_place None: chosen by the number of new events; True / False: one way for all
+        for in_place in (None, True, False):
+            past = tf.zeros([0, m.cache_width], m.compute_dtype)
+            for lo, hi in ((0, 36), (36, 37), (37, 40)):
+                rows, state = m.extend(items[lo:hi], stamps[lo:hi], past, stamps[:lo],
+                                       in_place=in_place)
+                past = tf.concat([past, rows], 0)
+            np.testing.assert_allclose(f64(state), f64(want), rtol=tol, atol=tol)
+            np.testing.assert_allclose(f64(past), f64(whole_rows), rtol=tol, atol=tol)
     finally:
         keras.mixed_precision.set_global_policy("float32")

@@ -24,10 +24,11 @@ What it measures, in one run (so ratios share the machine's state):
   history the server keeps), requests interleaved. Their answers must be equal (same items,
   scores within 1e-4 relative), and equal to the SavedModel's ``recommend`` signature on the
   whole history (whose in-process time is reported too). Then, in this process, the loaded
-  SavedModel's functions that the server calls: ``extend`` of one new event against the H cache
-  rows a prior ``extend`` of the H events returned (the cached path), ``user_state`` of the
-  H + 1 events (the full recompute), ``top_k`` (both paths' scoring), p50 of each, and
-  ``user_state / extend``; ``extend``'s state must equal ``user_state``'s.
+  SavedModel's functions called as the server calls them (``serving.models.Call``):
+  ``extend_in_place`` of one new event against the H cache rows a prior ``extend`` of the H
+  events returned (the cached path), ``user_state`` of the H + 1 events (the full recompute),
+  ``top_k`` (both paths' scoring), p50 of each, and ``user_state / extend``; ``extend``'s
+  state must equal ``user_state``'s.
 
 The servers are separate processes (``recops-tf serve --rest-port 0 --grpc-port 0 ...``, from
 this interpreter's ``bin/``; their ports read from the line they print when ready; stopped with
@@ -74,6 +75,7 @@ from recops_tf.recommender.data import Dataset  # noqa: E402
 from recops_tf.recommender.exporting import export  # noqa: E402
 from recops_tf.recommender.model import GenerativeRecommender  # noqa: E402
 from recops_tf.serving import _apis  # noqa: E402
+from recops_tf.serving.models import Call  # noqa: E402
 
 MAX_SEQ_LEN = 4096
 HISTORY = 10  # events of a :predict request's user
@@ -427,20 +429,30 @@ def predict_inputs(num_items, seed=1):
 
 
 def bench_floor(module, items, stamps, total, seconds):
-    """The SavedModel's serving_default called directly, one user a call, concurrency 1."""
-    fn = module.signatures["serving_default"]
+    """The SavedModel's serving_default called directly, one user a call, concurrency 1: as a
+    user calls it (``fn(items=..., timestamps=...)``, the floor of target (a)), and, calls
+    interleaved, as the server calls it (``serving.models.Call``), under ``server_call``."""
+    plain = module.signatures["serving_default"]
+    fast = Call(plain)
     for i in range(3):
-        fn(items=tf.constant(items[i:i + 1]), timestamps=tf.constant(stamps[i:i + 1]))
-    latencies, start = [], time.perf_counter()
+        plain(items=tf.constant(items[i:i + 1]), timestamps=tf.constant(stamps[i:i + 1]))
+        fast(items=tf.constant(items[i:i + 1]), timestamps=tf.constant(stamps[i:i + 1]))
+    latencies = {"plain": [], "server_call": []}
+    start = time.perf_counter()
     for i in range(total):
         if time.perf_counter() - start > seconds:
             break
         row = i % len(items)
-        began = time.perf_counter()
-        out = fn(items=tf.constant(items[row:row + 1]), timestamps=tf.constant(stamps[row:row + 1]))
-        out["items"].numpy(), out["scores"].numpy()
-        latencies.append(time.perf_counter() - began)
-    return summary(np.asarray(latencies), [], time.perf_counter() - start)
+        for name, fn in (("plain", plain), ("server_call", fast)):
+            began = time.perf_counter()
+            out = fn(items=tf.constant(items[row:row + 1]),
+                     timestamps=tf.constant(stamps[row:row + 1]))
+            out["items"].numpy(), out["scores"].numpy()
+            latencies[name].append(time.perf_counter() - began)
+    result = summary(np.asarray(latencies["plain"]), [], sum(latencies["plain"]))
+    result["server_call"] = summary(np.asarray(latencies["server_call"]), [],
+                                    sum(latencies["server_call"]))
+    return result
 
 
 def bench_predict(servers, module, num_items, args):
@@ -527,8 +539,8 @@ def bench_functions(module, width, items, stamps, h, reps):
     state; each `reps` times, interleaved (after one untimed call each). Their p50 (ms), and
     the largest relative difference of the two states."""
     # as the server calls them: concrete functions (no restored-function argument matching)
-    fns = {name: getattr(module, name).get_concrete_function()
-           for name in ("extend", "user_state", "top_k")}
+    fns = {name: Call(getattr(module, name).get_concrete_function())
+           for name in ("extend", "extend_in_place", "user_state", "top_k")}
     first = fns["extend"](tf.constant(items[:h]), tf.constant(stamps[:h]),
                           tf.zeros([0, width], tf.float32), tf.constant([], tf.int64))
     past, past_ts = first["rows"], tf.constant(stamps[:h])
@@ -537,7 +549,7 @@ def bench_functions(module, width, items, stamps, h, reps):
     k, exclude = tf.constant(10, tf.int32), tf.constant(False)
 
     def extend():
-        return fns["extend"](new_items, new_stamps, past, past_ts)["state"].numpy()
+        return fns["extend_in_place"](new_items, new_stamps, past, past_ts)["state"].numpy()
 
     def user_state():
         return fns["user_state"](all_items, all_stamps)["state"].numpy()
@@ -674,6 +686,11 @@ def tables(result):
             f"| in-process SavedModel | - | 1 | {floor['requests']} | 0 | "
             f"{_ms(floor['p50_ms'])} | {_ms(floor['p99_ms'])} | "
             f"{_num(floor['throughput_rps'], 0)} | 1 | - | - | - |"]
+    if floor.get("server_call"):
+        fast = floor["server_call"]
+        out.append(f"| in-process, called as the server calls it | - | 1 | {fast['requests']} | "
+                   f"0 | {_ms(fast['p50_ms'])} | {_ms(fast['p99_ms'])} | "
+                   f"{_num(fast['throughput_rps'], 0)} | 1 | - | - | - |")
     for r in result["predict"]:
         out.append(f"| {r['api']} | {r['batching']} | {r['concurrency']} | {r['requests']} | "
                    f"{r['errors']} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | "

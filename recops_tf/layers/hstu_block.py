@@ -198,7 +198,7 @@ class HSTUBlock(keras.layers.Layer):
         return self.finish(rows, attn, u, training=training)
 
     def extend(self, rows, past_keys, past_values, timestamps=None, *, key_column=0,
-               value_column=0):
+               value_column=0, in_place=None):
         """Incremental inference with a key/value cache, for one sequence.
 
         ``rows`` ``[n, d_model]`` are the inputs of the sequence's next n tokens; its first P
@@ -210,10 +210,12 @@ class HSTUBlock(keras.layers.Layer):
         ``(out, keys, values)``: the block's ``[n, d_model]`` outputs of the new tokens and
         their keys ``[n, num_heads * head_dim]`` and values. ``out`` equals rows P.. of
         ``call`` on the whole sequence (while P + n <= max_seq_len) at O(n (P + n)) attention
-        cost instead of O((P + n)^2): up to `EXTEND_IN_PLACE` new tokens attend the cache where
-        it is (``hstu_attention_cached``, fused build), more are concatenated after it and go
-        through the tiled kernel's "delta" layout, with the same fused relative bias.
-        Inference only (no dropout); the Rec SDK's causal mask only.
+        cost instead of O((P + n)^2). With ``in_place=None``, up to `EXTEND_IN_PLACE` new tokens
+        attend the cache where it is (``hstu_attention_cached``, fused build) and more are
+        concatenated after it and go through the tiled kernel's "delta" layout (faster for
+        many), with the same fused relative bias: a ``tf.cond`` on n. ``in_place=True`` takes
+        the first way whatever n, ``False`` the second: no branch in the graph. Inference only
+        (no dropout); the Rec SDK's causal mask only.
         """
         if self.gr_mask is not None or self.mask_type != "causal" or self.target_group_size:
             raise ValueError("HSTUBlock.extend supports the plain causal mask only")
@@ -228,7 +230,7 @@ class HSTUBlock(keras.layers.Layer):
         common = dict(max_seq_len=self.max_seq_len, alpha=self.alpha,
                       silu_scale=self.silu_scale)
 
-        def in_place():
+        def cached():
             return hstu_attention_cached(
                 self._heads(q, dq), self._heads(k, dq), self._heads(v, dv), past_keys,
                 past_values, key_column=key_column, value_column=value_column,
@@ -249,10 +251,12 @@ class HSTUBlock(keras.layers.Layer):
                 max_seq_len_k=self.max_seq_len, mask_type="causal", kernel=self._kernel,
                 **bias, **common)
 
-        if not self.use_fused:
+        if not self.use_fused or in_place is False:
             attn = concatenated()
+        elif in_place:
+            attn = cached()
         else:
-            attn = tf.cond(tf.shape(rows)[0] <= EXTEND_IN_PLACE, in_place, concatenated)
+            attn = tf.cond(tf.shape(rows)[0] <= EXTEND_IN_PLACE, cached, concatenated)
         return self.finish(rows, attn, u), k, v
 
     def call(self, inputs, timestamps=None, num_targets=None, training=None, lengths=None,

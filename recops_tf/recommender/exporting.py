@@ -11,7 +11,9 @@
   int32): ``items`` / ``scores`` ``[k]``;
 * the functions (not signatures) of the user-state cache that ``recops-tf serve`` keeps
   (HSTU only): ``extend(items, timestamps, past, past_timestamps)`` (``GenerativeRecommender
-  .extend``: the new events' cache rows and the user state), ``top_k(state, seen, k,
+  .extend``: the new events' cache rows and the user state), ``extend_in_place`` (the same
+  with the new events always attending the cache where it is: no branch, the server's call
+  for a few new events of a cached user), ``top_k(state, seen, k,
   exclude_seen)``, ``score_items(state, seen, candidates)`` and ``user_state(items,
   timestamps)`` (the state of a whole history: the full recompute, every encoder);
 
@@ -34,11 +36,25 @@ from recops_tf.saving import tracked_root
 SERVE_K = 100  # outputs of serving_default per row (or the catalogue, if smaller)
 
 
+def _check(condition, message):
+    """An ``Assert`` op that fails with `message` unless every element of `condition` holds.
+    One op, where ``tf.debugging.assert_*`` add a ``tf.cond`` guard around theirs: a function
+    without branches is cheaper to call, and the server can run it on TF's single-threaded
+    executor (which refuses a lowered branch). The message reads as theirs: ``assertion
+    failed: [message]``."""
+    return tf.raw_ops.Assert(condition=tf.reduce_all(condition), data=[message])
+
+
+def _one_row(values):
+    """``[L]`` values as a ragged ``[1, (L)]`` (unchecked: one row of all of them is valid)."""
+    return tf.RaggedTensor.from_row_lengths(values, tf.size(values, out_type=tf.int64)[None],
+                                            validate=False)
+
+
 def _check_ids(model, items, what="items"):
-    return [tf.debugging.assert_positive(items, message=f"{what}: item ids start at 1"),
-            tf.debugging.assert_less_equal(items, tf.constant(model.num_items, tf.int64),
-                                           message=f"{what}: an item id is past the catalogue "
-                                           f"(1..{model.num_items})")]
+    return [_check(items > 0, f"{what}: item ids start at 1"),
+            _check(items <= model.num_items,
+                   f"{what}: an item id is past the catalogue (1..{model.num_items})")]
 
 
 def _top_k(model, states, seen, k, exclude_seen, matrix):
@@ -68,13 +84,12 @@ def _functions(model, serve_k, matrix):
         present = items > 0
         lengths = tf.reduce_sum(tf.cast(present, tf.int64), 1)
         checks = _check_ids(model, tf.boolean_mask(items, present)) + [
-            tf.debugging.assert_non_negative(items, message="items: ids are >= 0 (0: padding)"),
-            tf.debugging.assert_equal(tf.shape(timestamps), tf.shape(items),
-                                      message="timestamps must have the shape of items"),
-            tf.debugging.assert_positive(lengths, message="every row needs at least one item"),
-            tf.debugging.assert_equal(present, tf.sequence_mask(lengths, tf.shape(items)[1]),
-                                      message="items: the padding (0) must follow a row's "
-                                      "items")]
+            _check(items >= 0, "items: ids are >= 0 (0: padding)"),
+            _check(tf.equal(tf.shape(timestamps), tf.shape(items)),
+                   "timestamps must have the shape of items"),
+            _check(lengths > 0, "every row needs at least one item"),
+            _check(tf.equal(present, tf.sequence_mask(lengths, tf.shape(items)[1])),
+                   "items: the padding (0) must follow a row's items")]
         with tf.control_dependencies(checks):
             seqs = tf.RaggedTensor.from_tensor(items, lengths=lengths)[:, -length:]
             ts = tf.RaggedTensor.from_tensor(timestamps, lengths=lengths)[:, -length:]
@@ -86,15 +101,14 @@ def _functions(model, serve_k, matrix):
                                   tf.TensorSpec([], tf.int32, name="k")])
     def recommend(items, timestamps, k):
         checks = _check_ids(model, items) + [
-            tf.debugging.assert_positive(tf.size(items), message="the history has no items"),
-            tf.debugging.assert_equal(tf.size(timestamps), tf.size(items),
-                                      message="history and timestamps differ in length"),
-            tf.debugging.assert_positive(k, message="k must be positive")]
+            _check(tf.size(items) > 0, "the history has no items"),
+            _check(tf.equal(tf.size(timestamps), tf.size(items)),
+                   "history and timestamps differ in length"),
+            _check(k > 0, "k must be positive")]
         with tf.control_dependencies(checks):
             items, timestamps = items[-length:], timestamps[-length:]
-        rows = tf.size(items, out_type=tf.int64)[None]
-        seqs = tf.RaggedTensor.from_row_lengths(items, rows)
-        states = last_states(model, seqs, tf.RaggedTensor.from_row_lengths(timestamps, rows))
+        seqs = _one_row(items)
+        states = last_states(model, seqs, _one_row(timestamps))
         top, scores = _top_k(model, states, seqs, k, None, matrix)
         return {"items": top[0], "scores": scores[0]}
 
@@ -106,7 +120,7 @@ def _functions(model, serve_k, matrix):
                                   tf.TensorSpec([], tf.bool, name="exclude_seen")])
     def top_k(state, seen, k, exclude_seen):
         with tf.control_dependencies(_check_ids(model, seen, "seen")):
-            seen = tf.RaggedTensor.from_row_lengths(seen, tf.size(seen, out_type=tf.int64)[None])
+            seen = _one_row(seen)
         top, scores = _top_k(model, state[None], seen, k, exclude_seen, matrix)
         return {"items": top[0], "scores": scores[0]}
 
@@ -124,36 +138,37 @@ def _functions(model, serve_k, matrix):
     @tf.function(input_signature=[vec("items"), vec("timestamps")])
     def user_state(items, timestamps):
         checks = _check_ids(model, items) + [
-            tf.debugging.assert_positive(tf.size(items), message="the history has no items"),
-            tf.debugging.assert_equal(tf.size(timestamps), tf.size(items),
-                                      message="items and timestamps differ in length")]
+            _check(tf.size(items) > 0, "the history has no items"),
+            _check(tf.equal(tf.size(timestamps), tf.size(items)),
+                   "items and timestamps differ in length")]
         with tf.control_dependencies(checks):
-            rows = tf.size(items[-length:], out_type=tf.int64)[None]
-        return {"state": last_states(
-            model, tf.RaggedTensor.from_row_lengths(items[-length:], rows),
-            tf.RaggedTensor.from_row_lengths(timestamps[-length:], rows))[0]}
+            items, timestamps = items[-length:], timestamps[-length:]
+        return {"state": last_states(model, _one_row(items), _one_row(timestamps))[0]}
 
     functions.update(top_k=top_k, score_items=score_items, user_state=user_state)
     if model.encoder == "hstu":
-        @tf.function(input_signature=[
-            vec("items"), vec("timestamps"),
-            tf.TensorSpec([None, model.cache_width], model.compute_dtype, name="past"),
-            vec("past_timestamps")])
-        def extend(items, timestamps, past, past_timestamps):
-            checks = _check_ids(model, items) + [
-                tf.debugging.assert_positive(tf.size(items), message="no new events"),
-                tf.debugging.assert_equal(tf.size(timestamps), tf.size(items),
-                                          message="items and timestamps differ in length"),
-                tf.debugging.assert_equal(tf.size(past_timestamps), tf.shape(past)[0],
-                                          message="past and past_timestamps differ in length"),
-                tf.debugging.assert_less_equal(
-                    tf.size(items) + tf.shape(past)[0], length,
-                    message=f"a cached history holds at most {length} events")]
-            with tf.control_dependencies(checks):
-                rows, state = model.extend(items, timestamps, past, past_timestamps)
-            return {"rows": rows, "state": state}
+        extend_spec = [vec("items"), vec("timestamps"),
+                       tf.TensorSpec([None, model.cache_width], model.compute_dtype,
+                                     name="past"), vec("past_timestamps")]
 
-        functions["extend"] = extend
+        def extend_fn(in_place):
+            def extend(items, timestamps, past, past_timestamps):
+                checks = _check_ids(model, items) + [
+                    _check(tf.size(items) > 0, "no new events"),
+                    _check(tf.equal(tf.size(timestamps), tf.size(items)),
+                           "items and timestamps differ in length"),
+                    _check(tf.equal(tf.size(past_timestamps), tf.shape(past)[0]),
+                           "past and past_timestamps differ in length"),
+                    _check(tf.size(items) + tf.shape(past)[0] <= length,
+                           f"a cached history holds at most {length} events")]
+                with tf.control_dependencies(checks):
+                    rows, state = model.extend(items, timestamps, past, past_timestamps,
+                                               in_place=in_place)
+                return {"rows": rows, "state": state}
+            return tf.function(extend, input_signature=extend_spec)
+
+        functions["extend"] = extend_fn(None)
+        functions["extend_in_place"] = extend_fn(True)
     return functions
 
 

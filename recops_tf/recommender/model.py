@@ -183,7 +183,7 @@ class GenerativeRecommender(keras.Model):
                              "MultiHeadAttention has no incremental path)")
         return self.num_blocks * self.num_heads * 2 * self.head_dim
 
-    def extend(self, items, timestamps, past, past_timestamps):
+    def extend(self, items, timestamps, past, past_timestamps, in_place=None):
         """Encodes one user's new events against the cache of the earlier ones.
 
         Args:
@@ -191,6 +191,9 @@ class GenerativeRecommender(keras.Model):
           past: ``[P, cache_width]`` in the compute dtype: the cache rows of the P earlier
             events (``[0, cache_width]`` for none), as earlier calls returned them.
           past_timestamps: ``[P]`` int64.
+          in_place: how the new events attend the cache (``HSTUBlock.extend``): None, by
+            their number (a ``tf.cond``); True, the cache read in place (best for a few);
+            False, concatenated after it (best for many).
 
         Returns:
           ``(rows, state)``: the new events' ``[n, cache_width]`` cache rows and the ``[d_model]``
@@ -209,7 +212,7 @@ class GenerativeRecommender(keras.Model):
         rows = []
         for b, block in enumerate(self.blocks):
             x, k, v = block.extend(x, past, past, ts, key_column=2 * b * hk,
-                                   value_column=(2 * b + 1) * hk)
+                                   value_column=(2 * b + 1) * hk, in_place=in_place)
             rows += [k, v]
         state = tf.cast(x[-1], tf.float32)
         state = tf.math.l2_normalize(state, epsilon=1e-12) if self.l2_norm else \

@@ -19,8 +19,15 @@ import threading
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 import recops_tf  # noqa: F401  (registers the ops' kernels before a SavedModel loads)
+
+SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
+# Ops that TF lowers to Switch / Merge inside a function, which its single-threaded executor
+# refuses.
+_BRANCHES = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
+                       "Switch", "Merge", "Enter", "Exit", "NextIteration"})
 
 
 class RequestError(Exception):
@@ -64,12 +71,54 @@ def discover(base):
     return found
 
 
+def _has_branches(fn):
+    graph = fn.graph.as_graph_def()
+    ops = {n.op for n in graph.node}
+    for f in graph.library.function:
+        ops.update(n.op for n in f.node_def)
+    return bool(ops & _BRANCHES)
+
+
+class Call:
+    """A loaded concrete function, called as cheaply as TF allows: its inputs passed flat in
+    the function's order (``fn(**inputs)`` binds them to its signature first, about 0.1-0.15
+    ms a call on the 2-core Xeon, as much as a small model's ops), and, when the function has
+    no branch (``tf.cond`` / ``while``), on TF's single-threaded executor: its ops run inline
+    in the calling thread instead of being handed to the inter-op pool one by one (kernels
+    that split their work, the matmuls and recops_tf's, still use the intra-op pool). Inputs
+    must be tensors of the function's dtypes and shapes (the server checks requests first).
+    Falls back to the plain call where this TensorFlow lacks the flat path."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.keywords = getattr(fn, "_arg_keywords", None)
+        self.flat = self.keywords is not None and hasattr(fn, "_call_flat")
+        self.executor = SINGLE_THREADED if self.flat and not _has_branches(fn) else ""
+
+    def __call__(self, *args, **kwargs):
+        if not self.flat:
+            return self.fn(*args, **kwargs)
+        inputs = list(args) + [kwargs[k] for k in self.keywords[len(args):]]
+        options = context.context().function_call_options
+        before, options.executor_type = options.executor_type, self.executor
+        try:
+            return self.fn._call_flat(inputs, self.fn.captured_inputs)
+        except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as e:
+            if not self.executor or "executor" not in e.message.lower():
+                raise
+            self.executor = ""  # an op the single-threaded executor does not take: the default
+            options.executor_type = ""
+            return self.fn._call_flat(inputs, self.fn.captured_inputs)
+        finally:
+            options.executor_type = before
+
+
 class Signature:
     """A signature's inputs and outputs (name -> (tf.DType, shape list, None unknown)) and
     whether TF Serving-style batching (along dimension 0) applies to it."""
 
     def __init__(self, name, fn):
-        self.name, self.fn = name, fn
+        self.name, self.fn = name, Call(fn)
         args = fn.structured_input_signature[1]
         self.inputs = {k: (s.dtype, s.shape.as_list() if s.shape.rank is not None else None)
                        for k, s in args.items()}
@@ -125,10 +174,12 @@ class Version:
                 self.index = {n: i + 1 for i, n in enumerate(self.names)}
         self.recommender = bool(self.info) and hasattr(self.module, "top_k")
         self.cacheable = self.recommender and hasattr(self.module, "extend")
-        # The user-state functions as concrete functions: a call skips the restored function's
-        # argument matching (about 0.1-0.2 ms a call here).
-        self.functions = {name: getattr(self.module, name).get_concrete_function()
-                          for name in ("top_k", "score_items", "user_state", "extend")
+        # The user-state functions as concrete functions (a call skips the restored function's
+        # argument matching, about 0.1-0.2 ms a call here), called as `Call` calls them.
+        # ``extend_in_place``, where the export has it, is ``extend`` without its branch.
+        self.functions = {name: Call(getattr(self.module, name).get_concrete_function())
+                          for name in ("top_k", "score_items", "user_state", "extend",
+                                       "extend_in_place")
                           if self.recommender and hasattr(self.module, name)}
         self.pad_value = 0 if self.recommender else None  # 0: padding of an export's histories
         self.cache = None  # the user-state cache of this version (the server sets it)

@@ -20,6 +20,7 @@ import tensorflow as tf
 from aiohttp import web
 from google.protobuf import json_format
 
+from recops_tf.layers.hstu_block import EXTEND_IN_PLACE
 from recops_tf.serving import _apis
 from recops_tf.serving.batching import Batcher, batch_rows
 from recops_tf.serving.cache import UserCache
@@ -268,7 +269,11 @@ class ModelServer:
             cache.reset(entry)
             new_items, new_stamps = entry.items, entry.timestamps
             past, past_ts = cache.rows(entry), []
-        out = version.functions["extend"](tf.constant(new_items, tf.int64),
+        # A few new events of a cached user: the cache read in place, no branch (the
+        # single-threaded executor); a history encoded at once: the tiled kernel's way.
+        name = "extend_in_place" if incremental and len(new_items) <= EXTEND_IN_PLACE and \
+            "extend_in_place" in version.functions else "extend"
+        out = version.functions[name](tf.constant(new_items, tf.int64),
                                           tf.constant(new_stamps, tf.int64), tf.constant(past),
                                           tf.constant(past_ts, tf.int64))
         cache.append(key, entry, out["rows"].numpy())

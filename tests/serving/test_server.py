@@ -298,6 +298,51 @@ def test_concurrent_grpc_requests_are_batched_and_answered_as_alone(served):
     assert total >= 23 and count < total, (count, total)  # some calls held several requests
 
 
+def test_the_servers_calls_equal_the_plain_calls(served):
+    """`models.Call` (flat inputs; TF's single-threaded executor for a function without
+    branches) answers as the plain call of each signature and function of an export; a
+    branch (``extend``'s ``tf.cond``) keeps the default executor; a bad input still raises the
+    export's own message."""
+    from recops_tf.serving.models import SINGLE_THREADED, Call, op_error
+    _, module = served
+    rng = np.random.default_rng(11)
+    items, stamps = _rows(rng, 3, 9)
+    plain = module.signatures["serving_default"]
+    fast = Call(plain)
+    assert fast.flat and fast.executor == SINGLE_THREADED
+    a = plain(items=tf.constant(items), timestamps=tf.constant(stamps))
+    b = fast(items=tf.constant(items), timestamps=tf.constant(stamps))
+    np.testing.assert_array_equal(a["items"], b["items"])
+    np.testing.assert_array_equal(a["scores"], b["scores"])
+    h = tf.constant(items[0][items[0] > 0])
+    ts = tf.constant(stamps[0][items[0] > 0])
+    fns = {n: getattr(module, n).get_concrete_function() for n in (
+        "user_state", "top_k", "score_items", "extend", "extend_in_place")}
+    calls = {n: Call(f) for n, f in fns.items()}
+    assert {n: c.executor for n, c in calls.items()} == dict(
+        user_state=SINGLE_THREADED, top_k=SINGLE_THREADED, score_items=SINGLE_THREADED,
+        extend="", extend_in_place=SINGLE_THREADED)
+    state = fns["user_state"](h, ts)["state"]
+    np.testing.assert_array_equal(calls["user_state"](h, ts)["state"], state)
+    args = (state, h, tf.constant(4), tf.constant(True))
+    np.testing.assert_array_equal(calls["top_k"](*args)["items"], fns["top_k"](*args)["items"])
+    args = (state, h, tf.constant([3, 1, 2], tf.int64))
+    np.testing.assert_array_equal(calls["score_items"](*args)["scores"],
+                                  fns["score_items"](*args)["scores"])
+    n = len(h.numpy())
+    rows = fns["extend"](h[:n - 1], ts[:n - 1], tf.zeros([0, 64], tf.float32),
+                         tf.zeros([0], tf.int64))["rows"]
+    args = (h[n - 1:], ts[n - 1:], rows, ts[:n - 1])
+    want = fns["extend"](*args)
+    for name in ("extend", "extend_in_place"):
+        got = calls[name](*args)
+        np.testing.assert_allclose(got["state"], want["state"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["state"], state, rtol=1e-5, atol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        calls["extend_in_place"](tf.constant([0], tf.int64), ts[:1], rows, ts[:n - 1])
+    assert op_error(e.value) == "items: item ids start at 1"
+
+
 def _batch_stats(server):
     _, text = server.http("/monitoring/prometheus/metrics")
     get = lambda name: float(next(line.split()[-1] for line in text.splitlines()  # noqa: E731
