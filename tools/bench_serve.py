@@ -85,6 +85,7 @@ RTOL = 1e-4
 READY_SECONDS = 120.0  # a server's start, at most
 STOP_SECONDS = 30.0  # a server's drain after SIGTERM, at most (then it is killed)
 TARGET_H = 1000  # the history of target (c)
+RUN = 5  # calls in a row of each function in process (bench_functions)
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -536,8 +537,11 @@ def bench_functions(module, width, items, stamps, h, reps):
     """In this process, the SavedModel's functions of the two paths for one new event (the
     last of `items`) after `h` events: ``extend`` against the cache rows of the `h` events (as
     a prior ``extend`` returned them), ``user_state`` of all h + 1 events, ``top_k`` of the
-    state; each `reps` times, interleaved (after one untimed call each). Their p50 (ms), and
-    the largest relative difference of the two states."""
+    state. Each is timed in runs of `RUN` calls in a row (a server of cached users calls
+    ``extend`` after ``extend``), the three functions' runs alternating, about `reps` calls
+    each; ``extend`` also called alone between the others' calls (``extend_cold``: its caches
+    and the pool's threads cold after a multi-threaded recompute). Their p50 (ms), and the
+    largest relative difference of the two states."""
     # as the server calls them: concrete functions (no restored-function argument matching)
     fns = {name: Call(getattr(module, name).get_concrete_function())
            for name in ("extend", "extend_in_place", "user_state", "top_k")}
@@ -560,13 +564,19 @@ def bench_functions(module, width, items, stamps, h, reps):
 
     cached, full = extend(), user_state()
     top_k(cached)
-    times = {"extend": [], "user_state": [], "top_k": []}
-    for _ in range(reps):
+    times = {"extend": [], "user_state": [], "top_k": [], "extend_cold": []}
+    for _ in range(max(2, math.ceil(reps / RUN))):
         for name, fn in (("extend", extend), ("user_state", user_state),
                          ("top_k", lambda: top_k(cached))):
+            for _ in range(RUN):
+                began = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - began)
+        for _ in range(RUN):  # alone between the others
+            user_state()
             began = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - began)
+            extend()
+            times["extend_cold"].append(time.perf_counter() - began)
     p50 = {f"{name}_p50_ms": _p50_ms(t) for name, t in times.items()}
     return dict(p50, state_rel_diff=_rel_diff(cached, full))
 
@@ -732,13 +742,15 @@ def tables(result):
     out += ["", "### The same, in process: the SavedModel's functions (p50 ms)", "",
             "| H | extend (1 event, H cached rows) | user_state (H+1 events) | top_k | "
             "user_state / extend | (user_state + top_k) / (extend + top_k) | "
+            "extend alone after a user_state | "
             "REST cached - (extend + top_k) | REST recompute - (user_state + top_k) | "
             "state rel diff |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["cache"]:
         ext, full, top = r["extend_p50_ms"], r["user_state_p50_ms"], r["top_k_p50_ms"]
         out.append(f"| {r['history']} | {ext:.2f} | {full:.2f} | {top:.2f} | "
                    f"{r['fn_ratio']:.2f} | {(full + top) / (ext + top):.2f} | "
+                   f"{_ms(r.get('extend_cold_p50_ms'))} | "
                    f"{r['cached_p50_ms'] - ext - top:.2f} | "
                    f"{r['recompute_p50_ms'] - full - top:.2f} | {r['state_rel_diff']:.1e} |")
     out += ["", "Cached and recompute answers equal (same items, scores within "
