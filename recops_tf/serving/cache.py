@@ -17,7 +17,8 @@ class _User:
     __slots__ = ("items", "timestamps", "pages", "length", "state", "lock", "busy")
 
     def __init__(self):
-        self.items, self.timestamps, self.pages = [], [], []
+        self.items = self.timestamps = np.zeros(0, np.int64)  # the events kept, oldest first
+        self.pages = []
         self.length, self.state = 0, None
         self.lock = threading.Lock()
         self.busy = 0  # requests holding the entry (from `user` to `release`): not evictable

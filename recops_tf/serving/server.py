@@ -205,7 +205,7 @@ class ModelServer:
     def _answer(self, version, cache, entry, hit, user, items, stamps, history, k, exclude,
                 candidates, window):
         with entry.lock:
-            hit = hit and bool(entry.items)
+            hit = hit and len(entry.items) > 0
             if stamps is None:  # a second apart, ending now, after the user's last event
                 end = int(time.time())
                 if hit:
@@ -247,8 +247,8 @@ class ModelServer:
         the last `window` events when the history outgrows the window or rows were evicted);
         without: the whole history again."""
         before = cache.evictions
-        all_items = list(entry.items) + [int(i) for i in items]
-        all_stamps = list(entry.timestamps) + [int(t) for t in stamps]
+        all_items = np.concatenate([entry.items, np.asarray(items, np.int64)])
+        all_stamps = np.concatenate([entry.timestamps, np.asarray(stamps, np.int64)])
         if len(all_stamps) > 1 and np.any(np.diff(all_stamps[-window:]) < 0):
             raise RequestError(400, "timestamps must not decrease (oldest event first)")
         if not len(items) and entry.state is not None:
@@ -268,7 +268,7 @@ class ModelServer:
         else:
             cache.reset(entry)
             new_items, new_stamps = entry.items, entry.timestamps
-            past, past_ts = cache.rows(entry), []
+            past, past_ts = cache.rows(entry), entry.timestamps[:0]
         # A few new events of a cached user: the cache read in place, no branch (the
         # single-threaded executor); a history encoded at once: the tiled kernel's way.
         name = "extend_in_place" if incremental and len(new_items) <= EXTEND_IN_PLACE and \
