@@ -21,16 +21,16 @@ What it measures, in one run (so ratios share the machine's state):
   request (``--cache-reps``, fewer where H + reps would pass ``max_seq_len``); only those
   one-event requests are timed, on the server with its key/value cache (the default
   ``--cache-mb``) and on a server with ``--cache-mb 0`` (every request re-encodes the whole
-  history the server keeps), requests interleaved. Their answers must be equal (same items,
-  scores within 1e-4 relative), and equal to the SavedModel's ``recommend`` signature on the
-  whole history (whose in-process time is reported too). Beside them, the REST round trip of
-  a ``GET`` status on the same connection: no cached answer comes faster, so the recompute's
-  p50 over it bounds the REST ratio. Then, in this process, the loaded
-  SavedModel's functions called as the server calls them (``serving.models.Call``):
-  ``extend_in_place`` of one new event against the H cache rows a prior ``extend`` of the H
-  events returned (the cached path), ``user_state`` of the H + 1 events (the full recompute),
-  ``top_k`` (both paths' scoring), p50 of each, and ``user_state / extend``; ``extend``'s
-  state must equal ``user_state``'s.
+  history the server keeps), in runs of 5 requests to one server then the same 5 to the
+  other. Their answers must be equal (same items, scores within 1e-4 relative), and equal to
+  the SavedModel's ``recommend`` signature on the whole history (whose in-process time is
+  reported too). Beside them, the REST round trip of a ``GET`` status on the same
+  connection: no cached answer comes faster, so the recompute's p50 over it bounds the REST
+  ratio. Then, in this process, the loaded SavedModel's functions called as the server calls
+  them (``serving.models.Call``): ``extend_in_place`` of one new event against the H cache
+  rows a prior ``extend`` of the H events returned (the cached path), ``user_state`` of the
+  H + 1 events (the full recompute), ``top_k`` (both paths' scoring), p50 of each, and
+  ``user_state / extend``; ``extend``'s state must equal ``user_state``'s.
 
 The servers are separate processes (``recops-tf serve --rest-port 0 --grpc-port 0 ...``, from
 this interpreter's ``bin/``; their ports read from the line they print when ready; stopped with
@@ -626,21 +626,29 @@ def bench_cache(servers, module, width, num_items, histories, reps_max, seed=2):
                     "timestamps": stamps[:h].tolist(), "k": 10})
                 answers[name].append(answer)
             floor = []
-            for r in range(reps):
-                at = h + r
-                body = {"user_id": user, "items": [int(items[at])],
-                        "timestamps": [int(stamps[at])], "k": 10}
-                for name in (list(conns) if r % 2 == 0 else list(conns)[::-1]):
-                    took, answer = _post(conns[name], path, body)
-                    times[name].append(took)
-                    answers[name].append(answer)
-                began = time.perf_counter()
-                ref = module.recommend(tf.constant(items[:at + 1]), tf.constant(stamps[:at + 1]),
-                                       tf.constant(10, tf.int32))
-                ref_items, ref_scores = ref["items"].numpy(), ref["scores"].numpy()
-                floor.append(time.perf_counter() - began)
-                answers.setdefault("reference", []).append(
-                    {"items": [str(i) for i in ref_items], "scores": ref_scores.tolist()})
+            # Runs of RUN events to one server, then the same to the other (the order of the
+            # servers alternating): a server's requests follow each other, as a server's
+            # users' do, rather than each following the other server's (whose threads, after
+            # a multi-threaded recompute, still spin on the same 2 cores).
+            for first_step in range(0, reps, RUN):
+                steps = range(first_step, min(reps, first_step + RUN))
+                order = list(conns) if first_step // RUN % 2 == 0 else list(conns)[::-1]
+                for name in order:
+                    for r in steps:
+                        body = {"user_id": user, "items": [int(items[h + r])],
+                                "timestamps": [int(stamps[h + r])], "k": 10}
+                        took, answer = _post(conns[name], path, body)
+                        times[name].append(took)
+                        answers[name].append(answer)
+                for r in steps:
+                    at = h + r
+                    began = time.perf_counter()
+                    ref = module.recommend(tf.constant(items[:at + 1]),
+                                           tf.constant(stamps[:at + 1]), tf.constant(10, tf.int32))
+                    ref_items, ref_scores = ref["items"].numpy(), ref["scores"].numpy()
+                    floor.append(time.perf_counter() - began)
+                    answers.setdefault("reference", []).append(
+                        {"items": [str(i) for i in ref_items], "scores": ref_scores.tolist()})
             equal, vs_reference, max_rel = True, True, 0.0
             for step, (a, b) in enumerate(zip(answers["cached"], answers["recompute"])):
                 rel = _rel_diff(a["scores"], b["scores"])
