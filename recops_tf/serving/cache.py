@@ -12,6 +12,19 @@ import threading
 
 import numpy as np
 
+# Bytes of alignment of the rows handed to TF without a copy (its CPU kernels' Eigen alignment
+# on AVX-512 builds; a tensor sharing unaligned memory fails their checks).
+ALIGN = 64
+
+
+def aligned_empty(shape, dtype, align=ALIGN):
+    """An uninitialised C-contiguous array whose data starts on an `align`-byte boundary."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    raw = np.empty(count * dtype.itemsize + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
 
 class _User:
     __slots__ = ("items", "timestamps", "pages", "length", "state", "lock", "busy")
@@ -72,9 +85,13 @@ class UserCache:
             entry.busy -= 1
 
     def rows(self, entry):
+        """The entry's cached rows, ``[length, width]``: a copy, aligned (`ALIGN`), that the
+        caller may hand to TF without another copy."""
         if not entry.length:
             return np.zeros([0, self.width], self.dtype)
-        return self.pool[entry.pages].reshape(-1, self.width)[:entry.length]
+        out = aligned_empty([len(entry.pages), self.page_rows, self.width], self.dtype)
+        np.take(self.pool, entry.pages, axis=0, out=out)
+        return out.reshape(-1, self.width)[:entry.length]
 
     def _release(self, entry):
         self.free.extend(entry.pages)

@@ -91,3 +91,30 @@ def test_concurrent_users_lose_no_page():
     assert not errors
     assert all(e.busy == 0 for e in cache.users.values())
     _pages_ok(cache)
+
+
+def test_rows_are_aligned_copies_that_tf_can_share():
+    """``rows`` is a fresh copy aligned for TF's kernels, which the server hands to TF
+    through DLPack without another copy; an unaligned array is copied instead (sharing it
+    would fail TF's alignment check in the kernel: a crash, not an error)."""
+    import tensorflow as tf
+
+    from recops_tf.serving.cache import ALIGN, aligned_empty
+    from recops_tf.serving.server import _shared
+    width = 200
+    cache = UserCache(4 << 20, width, np.float32, page_rows=64)
+    entry, _ = cache.user("a")
+    want = np.random.default_rng(0).random((300, width), np.float32)
+    assert cache.append("a", entry, want)
+    got = cache.rows(entry)
+    assert got.ctypes.data % ALIGN == 0 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    got_tensor = _shared(got)
+    cache.append("a", entry, want[:5])  # the pool changes: the copy handed out does not
+    np.testing.assert_array_equal(got_tensor.numpy(), want)
+    np.testing.assert_allclose(tf.reduce_sum(got_tensor, 0), want.sum(0), rtol=1e-5)
+    buffer = aligned_empty([301 * width + 1], np.float32)
+    unaligned = buffer[1:].reshape(301, width)[:300]
+    unaligned[:] = want
+    assert unaligned.ctypes.data % ALIGN != 0
+    np.testing.assert_allclose(tf.reduce_sum(_shared(unaligned), 0), want.sum(0), rtol=1e-5)
