@@ -25,8 +25,8 @@ What it measures, in one run (so ratios share the machine's state):
   other. Their answers must be equal (same items, scores within 1e-4 relative), and equal to
   the SavedModel's ``recommend`` signature on the whole history (whose in-process time is
   reported too). Beside them, the REST round trip of a ``GET`` status on the same
-  connection: no cached answer comes faster, so the recompute's p50 over it bounds the REST
-  ratio. Then, in this process, the loaded SavedModel's functions called as the server calls
+  connection: no cached answer comes faster than it plus the cached path's two model calls
+  (``extend``, ``top_k``), so the recompute's p50 over that sum bounds the REST ratio. Then, in this process, the loaded SavedModel's functions called as the server calls
   them (``serving.models.Call``): ``extend_in_place`` of one new event against the H cache
   rows a prior ``extend`` of the H events returned (the cached path), ``user_state`` of the
   H + 1 events (the full recompute), ``top_k`` (both paths' scoring), p50 of each, and
@@ -838,11 +838,12 @@ def targets(result):
                     f"{row['cached_p50_ms']:.2f} ms)", "bound": ">= 10",
                     "holds": row["ratio"] >= 10})
         if row.get("rest_round_trip_p50_ms"):
-            most = row["recompute_p50_ms"] / row["rest_round_trip_p50_ms"]
-            out.append({"target": f"(c) bound: H={TARGET_H} REST recompute / REST round trip "
-                        "with no model call (GET status, concurrency 1)",
+            least = row["rest_round_trip_p50_ms"] + row["extend_p50_ms"] + row["top_k_p50_ms"]
+            most = row["recompute_p50_ms"] / least
+            out.append({"target": f"(c) bound: H={TARGET_H} REST recompute / (REST round trip "
+                        "with no model call + the cached path's extend + top_k in process)",
                         "measured": f"{most:.2f} ({row['recompute_p50_ms']:.2f} / "
-                        f"{row['rest_round_trip_p50_ms']:.2f} ms)",
+                        f"{least:.2f} ms)",
                         "bound": ">= 10, else no cache reaches 10x over REST on this stack",
                         "holds": most >= 10})
         out.append({"target": f"(c) H={TARGET_H}, in process user_state / extend p50",
