@@ -26,10 +26,11 @@ What it measures, in one run (so ratios share the machine's state):
   the SavedModel's ``recommend`` signature on the whole history (whose in-process time is
   reported too). Beside them, the REST round trip of a ``GET`` status on the same
   connection: no cached answer comes faster than it plus the cached path's two model calls
-  (``extend``, ``top_k``), so the recompute's p50 over that sum bounds the REST ratio. Then, in this process, the loaded SavedModel's functions called as the server calls
-  them (``serving.models.Call``): ``extend_in_place`` of one new event against the H cache
-  rows a prior ``extend`` of the H events returned (the cached path), ``user_state`` of the
-  H + 1 events (the full recompute), ``top_k`` (both paths' scoring), p50 of each, and
+  (``extend``, ``top_k``), so the recompute's p50 over that sum bounds the REST ratio.
+  Then, in this process, the loaded SavedModel's functions called as the server calls them
+  (``serving.models.Call``): ``extend_in_place`` of one new event against the H cache rows a
+  prior ``extend`` of the H events returned (the cached path), ``user_state`` of the H + 1
+  events (the full recompute), ``top_k`` (both paths' scoring), p50 of each, and
   ``user_state / extend``; ``extend``'s state must equal ``user_state``'s.
 
 The servers are separate processes (``recops-tf serve --rest-port 0 --grpc-port 0 ...``, from
