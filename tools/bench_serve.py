@@ -795,6 +795,16 @@ def tables(result):
     return "\n".join(out)
 
 
+def _bound(target, top, bottom, unit, need, what):
+    """A row of the targets table: the best ratio this stack allows, ``top / bottom``."""
+    digits = 2 if unit else 0
+    most = top / bottom
+    return {"target": target,
+            "measured": f"{most:.2f} ({top:.{digits}f} / {bottom:.{digits}f}{unit})",
+            "bound": f">= {need}, else no {what} reaches {need}x on this stack",
+            "holds": most >= need}
+
+
 def targets(result):
     """(a) concurrency 1: REST p50 <= 1.5 x in-process p50 + 0.5 ms, batching on and off;
     (b) concurrency 16: no errors, REST throughput with batching >= 3x without (gRPC's ratio
@@ -825,13 +835,10 @@ def targets(result):
                             else ">= 3 (not a target for gRPC)", "holds": ratio >= 3})
                 ceiling = cells.get((f"{api} status (no model call)", "-", 16))
                 if ceiling and ceiling["throughput_rps"]:
-                    most = ceiling["throughput_rps"] / off["throughput_rps"]
-                    out.append({"target": f"(b) bound: {api} status req/s (no model call) / "
-                                "predict req/s batching off, concurrency 16",
-                                "measured": f"{most:.2f} ({ceiling['throughput_rps']:.0f} / "
-                                f"{off['throughput_rps']:.0f})",
-                                "bound": ">= 3, else no batching reaches 3x on this stack",
-                                "holds": most >= 3})
+                    out.append(_bound(f"(b) bound: {api} status req/s (no model call) / "
+                                      "predict req/s batching off, concurrency 16",
+                                      ceiling["throughput_rps"], off["throughput_rps"], "", 3,
+                                      "batching"))
     row = next((r for r in result["cache"] if r["history"] == TARGET_H), None)
     if row:
         out.append({"target": f"(c) H={TARGET_H}, REST recompute / cached p50",
@@ -840,13 +847,9 @@ def targets(result):
                     "holds": row["ratio"] >= 10})
         if row.get("rest_round_trip_p50_ms"):
             least = row["rest_round_trip_p50_ms"] + row["extend_p50_ms"] + row["top_k_p50_ms"]
-            most = row["recompute_p50_ms"] / least
-            out.append({"target": f"(c) bound: H={TARGET_H} REST recompute / (REST round trip "
-                        "with no model call + the cached path's extend + top_k in process)",
-                        "measured": f"{most:.2f} ({row['recompute_p50_ms']:.2f} / "
-                        f"{least:.2f} ms)",
-                        "bound": ">= 10, else no cache reaches 10x over REST on this stack",
-                        "holds": most >= 10})
+            out.append(_bound(f"(c) bound: H={TARGET_H} REST recompute / (REST round trip with "
+                              "no model call + the cached path's extend + top_k in process)",
+                              row["recompute_p50_ms"], least, " ms", 10, "cache over REST"))
         out.append({"target": f"(c) H={TARGET_H}, in process user_state / extend p50",
                     "measured": f"{row['fn_ratio']:.2f} ({row['user_state_p50_ms']:.2f} / "
                     f"{row['extend_p50_ms']:.2f} ms)", "bound": ">= 10",
