@@ -163,14 +163,22 @@ def _add_defaults(parser):
             action.help += f" ({config_default_text(*CONFIG_OPTIONS[action.dest])})"
 
 
-def _positive_int(text):
+def _whole(text, least):
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def _positive_int(text):
+    return _whole(text, 1)
+
+
+def _nonnegative_int(text):
+    return _whole(text, 0)
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -632,7 +640,9 @@ def _serve(args):
         enable_batching=not args.no_batching, max_batch_size=args.max_batch_size,
         batch_timeout_micros=args.batch_timeout_micros,
         num_batch_threads=args.num_batch_threads, cache_bytes=args.cache_mb << 20,
-        poll_seconds=args.poll_seconds, max_request_bytes=args.max_request_mb << 20)
+        poll_seconds=args.poll_seconds, max_request_bytes=args.max_request_mb << 20,
+        intra_op_threads=args.tensorflow_intra_op_parallelism,
+        inter_op_threads=args.tensorflow_inter_op_parallelism)
     try:
         running = serving.Running(options)
     except (FileNotFoundError, OSError) as e:
@@ -879,6 +889,12 @@ def _parser():
                        help="longest wait for a batch to fill (default: 1000)")
     serve.add_argument("--num-batch-threads", type=_positive_int, default=2,
                        help="threads running batches (default: 2)")
+    serve.add_argument("--tensorflow-intra-op-parallelism", type=_nonnegative_int, default=0,
+                       help="threads of one op (TF Serving's flag; default: 0, TensorFlow's "
+                       "choice: a thread a core)")
+    serve.add_argument("--tensorflow-inter-op-parallelism", type=_nonnegative_int, default=0,
+                       help="threads running a call's independent ops (TF Serving's flag; "
+                       "default: 0, TensorFlow's choice)")
     serve.add_argument("--cache-mb", type=int, default=256, help="memory of the users' "
                        "key/value cache in MiB (default: 256; 0: re-encode every history)")
     serve.add_argument("--poll-seconds", type=float, default=1.0, help="how often to look "

@@ -878,6 +878,10 @@ def main(argv=None):
     parser.add_argument("--batching-flags", default="",
                         help="extra flags of the batching server, e.g. '--num-batch-threads 1 "
                         "--batch-timeout-micros 2000' (default: recops-tf serve's defaults)")
+    parser.add_argument("--server-flags", default="",
+                        help="extra flags of every server (batching, not, recompute), e.g. "
+                        "'--tensorflow-intra-op-parallelism 2' (default: recops-tf serve's "
+                        "defaults)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     args = parser.parse_args(argv)
     args.concurrency = args.concurrency or ([1, 4, 16] if args.quick else [1, 4, 16, 64])
@@ -904,7 +908,7 @@ def main(argv=None):
         # all three start at once (each loads TensorFlow and the model), then wait for each
         for name, flags in (("on", shlex.split(args.batching_flags)), ("off", ["--no-batching"]),
                             ("recompute", ["--cache-mb", "0"])):
-            servers[name] = Server(name, tmp, flags, tmp)
+            servers[name] = Server(name, tmp, shlex.split(args.server_flags) + flags, tmp)
         for server in servers.values():
             server.ready()
             print(f"server {server.name}: ready in {server.ready_s:.1f} s (REST "
@@ -927,7 +931,7 @@ def main(argv=None):
         "config": {"concurrency": args.concurrency, "requests": args.requests,
                    "seconds": args.seconds, "cache_reps": args.cache_reps,
                    "histories": args.histories, "num_items": args.num_items,
-                   "batching_flags": args.batching_flags,
+                   "batching_flags": args.batching_flags, "server_flags": args.server_flags,
                    "max_seq_len": MAX_SEQ_LEN, "history": HISTORY, "quick": args.quick,
                    "cpus": os.cpu_count(), "load_average_before": load_before,
                    "load_average_after": os.getloadavg(),

@@ -263,6 +263,50 @@ def test_concurrent_requests_are_batched_and_answered_as_alone(served):
     assert total == 24 and count < 24, (count, total)  # some calls held several requests
 
 
+def test_a_request_on_the_only_connection_is_answered_without_the_batcher(served):
+    """One keep-alive connection and nothing else in flight: the :predict runs on the event
+    loop (no batch thread); with a second connection open it goes through the batcher."""
+    import http.client
+    server, module = served
+    batcher = server.running.server.batcher
+    enqueued = []
+    original = batcher.enqueue
+
+    def counting(*args, **kwargs):
+        enqueued.append(1)
+        return original(*args, **kwargs)
+
+    items, stamps = _rows(np.random.default_rng(3), 1, 9)
+    body = json.dumps({"instances": [{"items": items[0].tolist(),
+                                      "timestamps": stamps[0].tolist()}]})
+    want = module.signatures["serving_default"](items=tf.constant(items),
+                                                timestamps=tf.constant(stamps))
+
+    def ask(conn):
+        conn.request("POST", "/v1/models/default:predict", body,
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        answer = json.loads(response.read())["predictions"][0]
+        assert response.status == 200 and answer["items"] == want["items"][0].numpy().tolist()
+
+    port = server.running.rest_port
+    one = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    batcher.enqueue = counting
+    try:
+        for _ in range(3):
+            ask(one)
+        assert not enqueued
+        other = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        other.connect()
+        time.sleep(0.2)  # the server has accepted it
+        ask(one)
+        assert enqueued == [1]
+        other.close()
+    finally:
+        batcher.enqueue = original
+        one.close()
+
+
 def test_concurrent_grpc_requests_are_batched_and_answered_as_alone(served):
     """gRPC Predicts await their batch on the event loop (grpc.aio), as REST's do; a
     malformed request among them gets its own error and fails no other."""
@@ -498,10 +542,15 @@ def test_cli_serve_starts_answers_and_drains_on_sigterm(tmp_path):
     (["--model", "tests"], "no SavedModel"),
     (["--model", ".", "--cache-mb", "-1"], "--cache-mb -1"),
     (["--model", ".", "--poll-seconds", "0"], "--poll-seconds 0"),
+    (["--model", ".", "--tensorflow-intra-op-parallelism", "-1"], "at least 0"),
 ])
 def test_cli_serve_bad_inputs_exit_2(argv, words, capsys):
     from recops_tf import cli
 
-    assert cli.main(["serve", *argv]) == 2
+    try:
+        code = cli.main(["serve", *argv])
+    except SystemExit as e:  # argparse's own check of a flag's value
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1, err
