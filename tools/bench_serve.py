@@ -463,6 +463,31 @@ def bench_floor(module, items, stamps, total, seconds):
     return result
 
 
+SWEEP_BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def bench_batch_sweep(module, items, stamps, seconds=1.0):
+    """serving_default in process at each batch size of `SWEEP_BATCHES` (rows of `items`
+    repeated): p50 wall ms a call and CPU ms a row (this process's CPU time, both TF thread
+    pools included): what batching can save in the model call itself."""
+    plain = Call(module.signatures["serving_default"])
+    out = []
+    for batch in SWEEP_BATCHES:
+        it = tf.constant(np.resize(items, (batch, items.shape[1])))
+        ts = tf.constant(np.resize(stamps, (batch, items.shape[1])))
+        for _ in range(5):
+            plain(items=it, timestamps=ts)
+        walls, cpu0, start = [], _own_cpu(), time.perf_counter()
+        while time.perf_counter() - start < seconds or len(walls) < 20:
+            began = time.perf_counter()
+            plain(items=it, timestamps=ts)["scores"].numpy()
+            walls.append(time.perf_counter() - began)
+        cpu = _own_cpu() - cpu0
+        out.append({"batch": batch, "calls": len(walls), "p50_ms": _p50_ms(walls),
+                    "cpu_ms_per_row": 1e3 * cpu / len(walls) / batch})
+    return out
+
+
 def bench_predict(servers, module, num_items, args):
     items, stamps = predict_inputs(num_items)
     want = module.signatures["serving_default"](items=tf.constant(items),
@@ -482,6 +507,7 @@ def bench_predict(servers, module, num_items, args):
         protos.append(request)
     floor = bench_floor(module, items, stamps, args.requests, args.seconds)
     print(f"floor: p50 {floor['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
+    floor["batch_sweep"] = bench_batch_sweep(module, items, stamps)
     rows = []
     for n, concurrency in enumerate(args.concurrency):
         total = level_requests(args.requests, concurrency)
@@ -733,6 +759,15 @@ def tables(result):
                    f"{_num(r['throughput_rps'], 0)} | {_num(r['mean_batch'])} | "
                    f"{_ms(r['server_cpu_ms_per_req'])} | {_ms(r['client_cpu_ms_per_req'])} | "
                    f"{_num(r['cores_busy'], 2)} |")
+    if floor.get("batch_sweep"):
+        sweep = floor["batch_sweep"]
+        out += ["", "### serving_default in process by batch size (what batching can save in "
+                "the model call)", "",
+                "| rows a call | " + " | ".join(str(r["batch"]) for r in sweep) + " |",
+                "|---|" + "---:|" * len(sweep),
+                "| p50 ms a call | " + " | ".join(_ms(r["p50_ms"]) for r in sweep) + " |",
+                "| CPU ms a row | " + " | ".join(f"{r['cpu_ms_per_row']:.3f}" for r in sweep)
+                + " |"]
     out += ["", "### Dynamic batching: throughput on / off", "",
             "| API | concurrency | req/s on | req/s off | on / off | p50 on | p50 off |",
             "|---|---:|---:|---:|---:|---:|---:|"]
