@@ -352,6 +352,7 @@ def run_level(make_client, concurrency, total, seconds, warmup=2, probe=None, ma
     latencies = [[] for _ in range(concurrency)]
     errors, lock = [], threading.Lock()
     barrier = threading.Barrier(concurrency + 1)
+    go = threading.Event()  # set once the probe is read and the clock started
     deadline = [math.inf]
 
     def worker(w):
@@ -366,6 +367,7 @@ def run_level(make_client, concurrency, total, seconds, warmup=2, probe=None, ma
             call = None
         finally:
             barrier.wait()
+        go.wait()
         try:
             while call is not None:
                 i = next(counter)
@@ -397,6 +399,7 @@ def run_level(make_client, concurrency, total, seconds, warmup=2, probe=None, ma
         marks["start"] = probe()
     start = time.perf_counter()
     deadline[0] = start + seconds
+    go.set()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
