@@ -851,6 +851,31 @@ def _bound(target, top, bottom, unit, need, what):
             "holds": most >= need}
 
 
+def _cpu_bounds(result, on, off, ceiling):
+    """Rows of target (b)'s CPU bound: the req/s of the machine's cores if a batched request
+    cost no more CPU than the status request's in the server, the model call's CPU a row at a
+    batch of B rows (in process, interpolated in the batch sweep) and the client's CPU a
+    request, against the measured req/s without batching; B the measured mean batch, and 16
+    (every client in every batch)."""
+    sweep = result["floor"].get("batch_sweep")
+    parts = (ceiling or {}).get("server_cpu_ms_per_req"), on.get("client_cpu_ms_per_req")
+    if not sweep or None in parts or not on.get("mean_batch"):
+        return []
+    cores = result["config"]["cpus"]
+    rows = []
+    for batch, what in ((on["mean_batch"], "the measured mean batch"),
+                        (16.0, "every client in every batch")):
+        per_row = float(np.interp(np.log(batch), np.log([r["batch"] for r in sweep]),
+                                  [r["cpu_ms_per_row"] for r in sweep]))
+        cost = parts[0] + per_row + parts[1]
+        rows.append(_bound(f"(b) bound: {cores} cores / (status request's server CPU "
+                           f"{parts[0]:.2f} + the model's CPU a row at {batch:.1f} rows "
+                           f"({what}) {per_row:.3f} + client CPU {parts[1]:.2f} ms) / rest "
+                           "req/s batching off", 1e3 * cores / cost, off["throughput_rps"], "",
+                           3, "batching"))
+    return rows
+
+
 def targets(result):
     """(a) concurrency 1: REST p50 <= 1.5 x in-process p50 + 0.5 ms, batching on and off;
     (b) concurrency 16: no errors, REST throughput with batching >= 3x without (gRPC's ratio
@@ -885,6 +910,8 @@ def targets(result):
                                       "predict req/s batching off, concurrency 16",
                                       ceiling["throughput_rps"], off["throughput_rps"], "", 3,
                                       "batching"))
+                if api == "rest":
+                    out += _cpu_bounds(result, on, off, ceiling)
     row = next((r for r in result["cache"] if r["history"] == TARGET_H), None)
     if row:
         out.append({"target": f"(c) H={TARGET_H}, REST recompute / cached p50",
