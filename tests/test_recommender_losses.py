@@ -108,3 +108,40 @@ def test_learning_rate_schedule_settings_are_checked(capsys):
                      "--warmup-steps", "50", "--max-steps", "20", "--min-steps", "10"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "decays between warmup_steps (50) and min_steps" in err[0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_weight_decay_is_decoupled_and_leaves_the_item_tables(fused):
+    """One step from the same weights and batch with and without weight decay: each decayed
+    matrix differs by exactly learning_rate x weight_decay x its value before the step (the
+    Adam step of the two is the same: the gradients are taken before the decay); biases and
+    the item tables do not differ at all."""
+    from recops_tf.recommender import training
+    items = tf.ragged.constant([[1, 4, 2, 7], [3, 5, 6]], tf.int64)
+    stamps = tf.ragged.constant([[10, 20, 30, 40], [5, 6, 7]], tf.int64)
+    after = {}
+    for decay in (0.0, 0.25):
+        config = rec.Config.from_preset("auto", d_model=8, head_dim=8, max_seq_len=8,
+                                        loss="full", dropout_rate=0.0, learning_rate=0.01,
+                                        weight_decay=decay, use_fused=fused, seed=3).check()
+        tf.keras.utils.set_random_seed(3)
+        model = training.build_model(config, 9)
+        model({"items": items[:, :1], "timestamps": stamps[:, :1]}, training=False)
+        model.item_matrix(training=False)
+        before = [v.numpy().copy() for v in model.trainable_variables]
+        optimizer = training.make_optimizer(config)
+        step = training.train_step(model, optimizer, tf.random.Generator.from_seed(0), config,
+                                   9)
+        step(items, stamps)
+        decayed = {id(v) for v in training.decayed_variables(model)}
+        after[decay] = ([v.numpy() for v in model.trainable_variables], before,
+                        [id(v) in decayed for v in model.trainable_variables],
+                        model.item_matrix(training=False).numpy())
+    (plain, before, decayed, table0), (shrunk, _, _, table1) = after[0.0], after[0.25]
+    assert any(decayed) and all(before[i].ndim >= 2 for i, d in enumerate(decayed) if d)
+    for i, value in enumerate(plain):
+        want = value - (0.01 * 0.25 * before[i] if decayed[i] else 0.0)
+        np.testing.assert_allclose(shrunk[i], want, rtol=1e-5, atol=1e-7, err_msg=str(i))
+    np.testing.assert_array_equal(table0, table1)
+    with pytest.raises(ValueError, match="weight_decay must lie"):
+        rec.Config.from_preset("auto", weight_decay=-0.1).check()

@@ -30,6 +30,10 @@ class Config:
     learning_rate: float = 1e-3
     lr_schedule: str = "constant"  # or "cosine": see `learning_rate_schedule`
     warmup_steps: int = 0  # linear warm-up from 0 to learning_rate over this many steps
+    # decoupled weight decay (AdamW's) of the encoder's and head's matrices each step,
+    # w -= learning_rate x weight_decay x w; not of biases, norms or the item tables (see
+    # `decayed_variables`)
+    weight_decay: float = 0.0
     d_model: int = 50
     num_blocks: int = 2
     num_heads: int = 1
@@ -97,6 +101,8 @@ class Config:
                              f"{self.negatives_per!r}")
         if self.loss != "full" and self.num_negatives < 1:
             raise ValueError(f"num_negatives must be at least 1, got {self.num_negatives}")
+        if not 0.0 <= self.weight_decay < 1.0:
+            raise ValueError(f"weight_decay must lie in [0, 1), got {self.weight_decay}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
         if not 0.0 <= self.gbce_t <= 1.0:
@@ -255,6 +261,18 @@ def make_optimizer(config, total_steps=math.inf):
     return keras.optimizers.Adam(rate, beta_2=0.98, epsilon=1e-8)
 
 
+def decayed_variables(model):
+    """The variables ``Config.weight_decay`` decays: every trainable matrix (rank >= 2) but the
+    item tables'. The tables are left alone in both builds: the fused build's growing table
+    is updated lazily, row by row, and with the l2-normalised head (the default) an item's
+    score does not depend on its row's norm, so decaying the rows would change only their
+    effective step size."""
+    tables = {id(v) for layer in (model.item_embedding, model.output_embedding)
+              if layer is not None for v in layer.trainable_variables}
+    return [v for v in model.trainable_variables
+            if len(v.shape) >= 2 and id(v) not in tables]
+
+
 def train_step(model, optimizer, generator, config, num_items, group=None):
     """The tf.function of one training step on a ragged batch ``(items, timestamps)`` (each
     row its last ``max_seq_len + 1`` items); draws the step's negatives from `generator`:
@@ -268,6 +286,7 @@ def train_step(model, optimizer, generator, config, num_items, group=None):
     order (and dropout masks, drawn per rank from seeds of their own: ``rank_seed``)."""
     n_neg, per_position = config.num_negatives, config.negatives_per == "position"
     world = 1 if group is None else group.world_size
+    decayed = decayed_variables(model) if config.weight_decay else []
     anchors = {id(layer.gradient_anchor) for layer in (model.item_embedding,
                                                        model.output_embedding)
                if layer is not None and hasattr(layer, "gradient_anchor")}
@@ -315,6 +334,10 @@ def train_step(model, optimizer, generator, config, num_items, group=None):
             for i, g, piece in zip(dense, parts, pieces):
                 grads[i] = tf.cast(tf.reshape(piece, tf.shape(g)), g.dtype)
             loss = pieces[-1][0]
+        if decayed:  # AdamW's order: decay at the current rate, then the Adam step
+            rate = tf.cast(optimizer.learning_rate, tf.float32) * config.weight_decay
+            for v in decayed:
+                v.assign_sub(tf.cast(rate, v.dtype) * v)
         optimizer.apply(grads, variables)
         return loss
 
