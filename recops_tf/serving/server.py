@@ -352,9 +352,11 @@ def rest_app(server, executor, connections=None):
     opts = server.options
     active = [0]  # REST :predict and :recommend requests being handled
 
-    def lone():
+    def lone(predicting):
+        """This request (a :predict if `predicting`) alone in the server, on its only REST
+        connection."""
         return connections is not None and active[0] == 1 and \
-            server._in_flight <= 1 and connections() == 1
+            server._in_flight == int(predicting) and connections() == 1
 
     async def run(api, fn, *args):
         return await timed(api, asyncio.get_running_loop().run_in_executor(executor, fn, *args))
@@ -434,7 +436,7 @@ def rest_app(server, executor, connections=None):
         active[0] += 1
         try:
             small = (request.content_length or 0) <= INLINE_BYTES
-            if small and lone():
+            if small and lone(True):
                 answer = await timed("rest_predict", inline())
             elif small and server.batcher is not None:
                 answer = await timed("rest_predict", batched())
@@ -457,7 +459,7 @@ def rest_app(server, executor, connections=None):
 
         active[0] += 1
         try:
-            if (request.content_length or 0) <= INLINE_BYTES and lone():
+            if (request.content_length or 0) <= INLINE_BYTES and lone(False):
                 return _json(await timed("rest_recommend", inline()))
             return _json(await run("rest_recommend", work))
         finally:
