@@ -474,6 +474,22 @@ class _State(tf.Module):
         self.history = tf.Variable("[]", dtype=tf.string, trainable=False)
 
 
+def _common_checkpoint(manager, group):
+    """The newest checkpoint step every rank kept (each keeps its last two): a worker killed
+    between the ranks' saves of one step leaves the others a step ahead, and ranks resumed
+    from different steps would run different collectives. None if there is none."""
+    kept = manager.checkpoints or [p for p in [manager.latest_checkpoint] if p]
+    steps = [int(p.rsplit("-", 1)[1]) for p in kept][-2:]
+    mine = np.full(2, -1, np.int64)
+    mine[:len(steps)] = steps
+    every = group.gather(tf.constant(mine)).numpy().reshape(group.world_size, 2)
+    common = set(every[0]).intersection(*map(set, every[1:])) - {-1}
+    if not common:
+        return None
+    step = max(common)
+    return next(p for p in kept if p.endswith(f"-{step}"))
+
+
 def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progress=True,
           log=print, on_validation=None, group=None):
     """Trains `config`'s model on `dataset`'s leave-one-out training part, validating every
@@ -558,11 +574,13 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
                                              max_to_keep=2)
         best_path = os.path.join(checkpoint_dir, "best", "ckpt")
         if resume:
-            if manager.latest_checkpoint is None:
+            path = manager.latest_checkpoint
+            if world > 1:
+                path = _common_checkpoint(manager, group)
+            if path is None:
                 raise FileNotFoundError(f"{checkpoint_dir}: no checkpoint to resume from")
-            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            log(f"resumed from {manager.latest_checkpoint}: epoch {int(state.epoch) + 1}, "
-                f"step {int(state.steps)}")
+            checkpoint.restore(path).assert_existing_objects_matched()
+            log(f"resumed from {path}: epoch {int(state.epoch) + 1}, step {int(state.steps)}")
     elif resume:
         raise ValueError("resume needs a checkpoint_dir")
     best_weights = None  # without a checkpoint dir the best epoch is kept in memory
