@@ -273,6 +273,11 @@ def decayed_variables(model):
             if len(v.shape) >= 2 and id(v) not in tables]
 
 
+# train_step's check that the ranks run the same step: the step number mod this rides in
+# the dense gradients' all-reduce (a float32 sum of R copies stays exact)
+STEP_CHECK_MODULUS = 1 << 20
+
+
 def train_step(model, optimizer, generator, config, num_items, group=None):
     """The tf.function of one training step on a ragged batch ``(items, timestamps)`` (each
     row its last ``max_seq_len + 1`` items); draws the step's negatives from `generator`:
@@ -283,7 +288,9 @@ def train_step(model, optimizer, generator, config, num_items, group=None):
     rows ``rank, rank + R, ...``: its loss is its positions' sum over the global batch's
     positions, the dense gradients are summed over the ranks (the sharded tables' row
     gradients already reach their owners), so the step is the one-rank step up to float
-    order (and dropout masks, drawn per rank from seeds of their own: ``rank_seed``)."""
+    order (and dropout masks, drawn per rank from seeds of their own: ``rank_seed``). The
+    all-reduce also sums the ranks' step numbers: ranks out of step fail the step with an
+    ``InvalidArgumentError`` instead of training on a mix of two steps."""
     n_neg, per_position = config.num_negatives, config.negatives_per == "position"
     world = 1 if group is None else group.world_size
     decayed = decayed_variables(model) if config.weight_decay else []
@@ -324,21 +331,33 @@ def train_step(model, optimizer, generator, config, num_items, group=None):
                 loss /= positions
         variables = model.trainable_variables
         grads = tape.gradient(loss, variables)
+        checks = []
         if world > 1:  # one all-reduce of every dense gradient and the loss, flattened
             dense = [i for i, (g, v) in enumerate(zip(grads, variables))
                      if g is not None and id(v) not in anchors]
             parts = [tf.convert_to_tensor(grads[i]) for i in dense]
+            # the step's number rides along (mod 2^20, exact in float32 for any world
+            # size): ranks a step apart would pair one step's collectives with another's
+            # without any other error, silently training on a mix of two steps
+            tick = tf.cast(optimizer.iterations % STEP_CHECK_MODULUS, tf.float32)
             summed = group.all_reduce_sum(tf.concat(
-                [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in parts] + [loss[None]], 0))
-            pieces = tf.split(summed, [int(np.prod(g.shape)) for g in parts] + [1])
+                [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in parts]
+                + [loss[None], tick[None]], 0))
+            pieces = tf.split(summed, [int(np.prod(g.shape)) for g in parts] + [1, 1])
+            checks.append(tf.debugging.assert_equal(
+                pieces[-1][0], tick * world,
+                message=f"rank {group.rank} of {world}: the ranks are out of step (their "
+                        f"step numbers, mod {STEP_CHECK_MODULUS}, do not all equal this "
+                        f"rank's); stopping rather than mixing two steps' gradients"))
             for i, g, piece in zip(dense, parts, pieces):
                 grads[i] = tf.cast(tf.reshape(piece, tf.shape(g)), g.dtype)
-            loss = pieces[-1][0]
-        if decayed:  # AdamW's order: decay at the current rate, then the Adam step
-            rate = tf.cast(optimizer.learning_rate, tf.float32) * config.weight_decay
-            for v in decayed:
-                v.assign_sub(tf.cast(rate, v.dtype) * v)
-        optimizer.apply(grads, variables)
+            loss = pieces[-2][0]
+        with tf.control_dependencies(checks):  # no update before the ranks are checked
+            if decayed:  # AdamW's order: decay at the current rate, then the Adam step
+                rate = tf.cast(optimizer.learning_rate, tf.float32) * config.weight_decay
+                for v in decayed:
+                    v.assign_sub(tf.cast(rate, v.dtype) * v)
+            optimizer.apply(grads, variables)
         return loss
 
     return step
