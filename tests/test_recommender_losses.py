@@ -145,3 +145,54 @@ def test_weight_decay_is_decoupled_and_leaves_the_item_tables(fused):
     np.testing.assert_array_equal(table0, table1)
     with pytest.raises(ValueError, match="weight_decay must lie"):
         rec.Config.from_preset("auto", weight_decay=-0.1).check()
+
+
+@pytest.mark.parametrize("loss,smoothing", [("sampled", 0.0), ("sampled", 0.1), ("gbce", 0.0)])
+@pytest.mark.parametrize("fused", [True, False])
+def test_per_position_negatives_from_the_catalogue_logits_equal_the_gathered_ones(
+        monkeypatch, loss, smoothing, fused):
+    """Per-position negatives on a small catalogue take their logits from the [P, num_items]
+    product (`DENSE_NEGATIVES_PER_ITEM`): the loss and every gradient equal those of the
+    gathered item embeddings, hits of the positive masked and the seen-item bias included
+    (negatives drawn to contain the positives and items already read)."""
+    items = tf.ragged.constant([[1, 4, 2, 7, 4], [3, 5, 6], [2, 8]], tf.int64)
+    stamps = tf.ragged.constant([[10, 20, 30, 40, 50], [5, 6, 7], [1, 2]], tf.int64)
+    config = rec.Config.from_preset("auto", d_model=8, head_dim=8, max_seq_len=8, loss=loss,
+                                    dropout_rate=0.0, use_fused=fused, seed=2).check()
+    from recops_tf.recommender import training
+    tf.keras.utils.set_random_seed(2)
+    model = training.build_model(config, 9)
+    model({"items": items[:, :1], "timestamps": stamps[:, :1]}, training=False)
+    model.item_matrix(training=False)
+    model.seen_logit.assign(0.7)
+    positions = int(tf.size(items[:, 1:].flat_values))
+    negatives = tf.constant(np.random.default_rng(0).integers(1, 10, (positions, 6)), tf.int64)
+    targets = items[:, 1:].flat_values.numpy()
+    assert (negatives.numpy() == targets[:, None]).any()  # some hits to mask
+    out = {}
+    for factor in (0, model_module.DENSE_NEGATIVES_PER_ITEM):
+        monkeypatch.setattr(model_module, "DENSE_NEGATIVES_PER_ITEM", factor)
+        assert model_module._dense_negatives(model, negatives) == bool(factor)
+        with tf.GradientTape() as tape:
+            value = model_module.next_item_loss(model, items, stamps, loss, negatives,
+                                                training=True, per_position=True,
+                                                label_smoothing=smoothing)
+        grads = tape.gradient(value, model.trainable_variables)
+        out[factor] = (value.numpy(), [_rows(g) for g in grads if g is not None])
+    (loss0, grads0), (loss1, grads1) = out.values()
+    np.testing.assert_allclose(loss1, loss0, rtol=1e-5)
+    assert len(grads0) == len(grads1) and len(grads0) > 3
+    for g0, g1 in zip(grads0, grads1):
+        np.testing.assert_allclose(g1, g0, rtol=1e-4, atol=1e-5 * max(np.abs(g0).max(), 1.0))
+
+
+def _rows(gradient):
+    """A gradient as a dense array; an IndexedSlices (the growing table's rows keyed by
+    address, in any order, repeats allowed) as its rows summed by index, in index order."""
+    if not isinstance(gradient, tf.IndexedSlices):
+        return gradient.numpy()
+    indices, values = gradient.indices.numpy(), gradient.values.numpy()
+    keys, where = np.unique(indices, return_inverse=True)
+    summed = np.zeros((len(keys),) + values.shape[1:], values.dtype)
+    np.add.at(summed, where.reshape(-1), values)
+    return summed
