@@ -65,6 +65,26 @@ def test_fit_chooses_the_loss_by_the_logits_of_a_step():
     assert short.loss == "full"
 
 
+def test_fit_samples_negatives_per_position_on_long_histories():
+    config = rec.Config.from_preset("auto")
+    long = dict(p10=20, p50=prof.SPARSE_MEDIAN_HISTORY + 1, p90=90, p99=300, max=999)
+    fitted, reasons = prof.fit(_profile(items=100, length=long), config)
+    assert (fitted.loss, fitted.negatives_per) == ("sampled", "position")
+    assert "long histories" in reasons["loss"] and "each position" in reasons["negatives_per"]
+    # Short histories: the full softmax on a small catalogue, per sequence above the bound.
+    small, reasons = prof.fit(_profile(items=100), config)
+    assert small.loss == "full" and "negatives_per" not in reasons
+    large, _ = prof.fit(_profile(items=10**6), config)
+    assert (large.loss, large.negatives_per) == ("sampled", "sequence")
+    # Each flag given keeps its value.
+    given, _ = prof.fit(_profile(items=100, length=long), rec.Config.from_preset(
+        "auto", loss="full"), given={"loss"})
+    assert given.loss == "full"
+    given, _ = prof.fit(_profile(items=100, length=long), rec.Config.from_preset(
+        "auto", negatives_per="sequence"), given={"negatives_per"})
+    assert (given.loss, given.negatives_per) == ("sampled", "sequence")
+
+
 @pytest.mark.parametrize("p99,expected", [(301, 200), (9, 16), (3, 8), (40, 40), (41, 48)])
 def test_fit_takes_the_history_from_the_length_distribution(p99, expected):
     fitted, _ = prof.fit(_profile(length=dict(p10=1, p50=2, p90=3, p99=p99, max=999)),
@@ -161,12 +181,16 @@ def test_cli_prints_the_profile_and_saves_the_fitted_settings(tmp_path):
         capture_output=True, text=True, env=_ENV, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "data profile:" in proc.stdout and "repeat rate" in proc.stdout
-    assert "loss = full: " in proc.stdout and "M logits <= 30 M" in proc.stdout
+    # the synthetic histories are long (21-60 items): the sampled softmax, per position
+    assert "loss = sampled: the median history has" in proc.stdout
+    assert "negatives_per = position: " in proc.stdout
     assert "batch_size =" not in proc.stdout  # given: not fitted
     run = json.loads((out / "run.json").read_text())
     assert run["profile"]["users"] == 60 and run["profile"]["items"] == 40
-    assert run["fitted"]["loss"] == {"value": "full", "reason": run["fitted"]["loss"]["reason"]}
-    assert run["config"]["loss"] == "full" and run["config"]["batch_size"] == 16
+    assert run["fitted"]["loss"] == {"value": "sampled",
+                                     "reason": run["fitted"]["loss"]["reason"]}
+    assert run["config"]["loss"] == "sampled" and run["config"]["batch_size"] == 16
+    assert run["config"]["negatives_per"] == "position"
     assert run["config"]["max_steps"] == 6
     assert set(run["fitted"]) <= {f.name for f in dataclasses.fields(rec.Config)}
     # A paper preset is its recipe: nothing fitted.

@@ -9,11 +9,15 @@ reason; ``recops-tf train`` prints them and saves them in ``run.json``. NumPy on
 
 The rules (docs/quality.md has the measurements behind them):
 
-- **loss**: a softmax over the whole catalogue (``full``) while its logits, ``[positions of a
-  step, items]``, are at most `FULL_SOFTMAX_MAX_LOGITS`, where they cost little next to the
-  encoder (measured with tools/bench_recommender.py on a 2-core Xeon, 12,900 positions a step:
-  2,000 items, 26 M logits, a full-softmax step 2.7x the sampled one; 12,000 items, 155 M
-  logits, 15x); above, a sampled softmax (its negatives per sequence).
+- **loss**: on long histories (a median above `SPARSE_MEDIAN_HISTORY` items) the sampled
+  softmax with its negatives drawn per position, generative-recommenders' recipe on
+  MovieLens (better than the full softmax on MovieLens-100K over 6 seeds, docs/quality.md).
+  On short ones a softmax over the whole catalogue (``full``) while its logits, ``[positions
+  of a step, items]``, are at most `FULL_SOFTMAX_MAX_LOGITS`, where they cost little next to
+  the encoder (measured with tools/bench_recommender.py on a 2-core Xeon, 12,900 positions a
+  step: 2,000 items, 26 M logits, a full-softmax step 2.7x the sampled one; 12,000 items, 155
+  M logits, 15x), better than either sampled form on Amazon Beauty and Toys; above, a sampled
+  softmax, its negatives per sequence.
 - **history** (``max_seq_len``): the 99th percentile of the training histories' lengths,
   rounded up to a multiple of 8, at least 8 and at most `MAX_HISTORY` (the paper's 200).
 - **dropout**: `SPARSE_DROPOUT` where the median training history has at most
@@ -35,8 +39,8 @@ import numpy as np
 from recops_tf.recommender import evaluation
 
 # The Config fields `fit` may set (the CLI's --help says "fitted to the data" for them).
-FITTED = ("loss", "max_seq_len", "batch_size", "eval_every", "patience", "min_steps",
-          "max_steps", "epochs", "dropout_rate")
+FITTED = ("loss", "negatives_per", "max_seq_len", "batch_size", "eval_every", "patience",
+          "min_steps", "max_steps", "epochs", "dropout_rate")
 FULL_SOFTMAX_MAX_LOGITS = 30_000_000
 SPARSE_MEDIAN_HISTORY = 20
 SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
@@ -137,12 +141,20 @@ def fit(prof, config, given=()):
     logits = positions * prof.items
     size = (f"{positions:,.0f} positions a step x {prof.items:,} items = "
             f"{logits / 1e6:,.1f} M logits")
-    if logits <= FULL_SOFTMAX_MAX_LOGITS:
+    if median > SPARSE_MEDIAN_HISTORY:
+        choose("loss", "sampled", f"the median history has {median} items > "
+               f"{SPARSE_MEDIAN_HISTORY}: long histories, generative-recommenders' sampled "
+               f"softmax")
+        choose("negatives_per", "position", f"{config.num_negatives} negatives drawn for each "
+               f"position (generative-recommenders' sampler on MovieLens)")
+    elif logits <= FULL_SOFTMAX_MAX_LOGITS:
         choose("loss", "full", f"{size} <= {FULL_SOFTMAX_MAX_LOGITS / 1e6:.0f} M: a softmax "
                f"over the whole catalogue costs little")
     else:
         choose("loss", "sampled", f"{size} > {FULL_SOFTMAX_MAX_LOGITS / 1e6:.0f} M: a sampled "
-               f"softmax, {config.num_negatives} negatives per sequence")
+               f"softmax")
+        choose("negatives_per", "sequence", f"{config.num_negatives} negatives shared by a "
+               f"sequence's positions")
     every = min(MAX_EVAL_EVERY, max(MIN_EVAL_EVERY, steps_per_epoch))
     choose("eval_every", every, f"validation every {every} steps (an epoch is "
            f"{steps_per_epoch} steps; within [{MIN_EVAL_EVERY}, {MAX_EVAL_EVERY}])")
