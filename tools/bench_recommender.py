@@ -4,7 +4,9 @@ backward, optimizer) on random ragged batches, in one run:
 
 * sampled softmax at catalogues of 1,000 and 1,000,000 items (the step must not grow with the
   catalogue: it touches the batch's items and its B x N negatives only), next to the full
-  softmax at the same sizes while that fits;
+  softmax at the same sizes while that fits, and the sampled softmax with its negatives drawn
+  per position (the defaults' loss on long histories; on a catalogue of at most
+  ``DENSE_NEGATIVES_PER_ITEM`` x 128 items its logits come from the catalogue's logits);
   (each catalogue item has its row in the growing table first: the steady state after an
   epoch, not the allocation of new rows);
 * the fused build against ``--no-fused`` (stock TF: Keras Embedding + Adam, the blocks'
@@ -43,8 +45,10 @@ def batches(num_items, batch, max_len, count, seed):
 
 
 def make_case(preset, num_items, loss, fused, args):
-    config = training.Config.from_preset(preset, loss=loss, use_fused=fused,
-                                    batch_size=args.batch, max_seq_len=args.max_len)
+    per = "position" if loss == "per-position" else "sequence"
+    config = training.Config.from_preset(preset, loss="sampled" if per == "position" else loss,
+                                         negatives_per=per, use_fused=fused,
+                                         batch_size=args.batch, max_seq_len=args.max_len)
     model = training.build_model(config, num_items)
     optimizer = training.make_optimizer(config)
     step = training.train_step(model, optimizer, tf.random.Generator.from_seed(0), config,
@@ -77,6 +81,8 @@ def main(argv=None):
         cases[("sampled", n, True)] = make_case(args.preset, n, "sampled", True, args)
         if n <= args.full_up_to:
             cases[("full", n, True)] = make_case(args.preset, n, "full", True, args)
+            cases[("per-position", n, True)] = make_case(args.preset, n, "per-position", True,
+                                                         args)
     cases[("sampled", sizes[0], False)] = make_case(args.preset, sizes[0], "sampled", False,
                                                     args)
     times = {key: [] for key in cases}
@@ -88,9 +94,13 @@ def main(argv=None):
     median = {key: float(np.median(t)) for key, t in times.items()}
     print(f"--preset {args.preset}, batch {args.batch}, histories of 1..{args.max_len} "
           f"items, median of {args.reps} steps")
-    print(f"{'loss':<9}{'catalogue':>11}  {'build':<10}{'ms/step':>9}")
+    print(f"{'loss':<13}{'catalogue':>11}  {'build':<10}{'ms/step':>9}")
     for (loss, n, fused), t in median.items():
-        print(f"{loss:<9}{n:>11,}  {'fused' if fused else 'no-fused':<10}{t * 1e3:>9.1f}")
+        print(f"{loss:<13}{n:>11,}  {'fused' if fused else 'no-fused':<10}{t * 1e3:>9.1f}")
+    for n in sizes:
+        if ("per-position", n, True) in median:
+            print(f"per-position / full softmax at {n:,} items: "
+                  f"{median[('per-position', n, True)] / median[('full', n, True)]:.2f}x")
     small, large = sizes[0], sizes[-1]
     growth = median[("sampled", large, True)] / median[("sampled", small, True)]
     speedup = median[("sampled", small, False)] / median[("sampled", small, True)]
