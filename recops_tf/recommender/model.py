@@ -350,13 +350,20 @@ def _dense_negatives(model, negatives):
     return n is not None and model.num_items <= DENSE_NEGATIVES_PER_ITEM * int(n)
 
 
-def _positives_and_negatives_from_logits(model, states, targets, negatives, training, read):
-    """`_positives_and_negatives` with ``per_position``, gathered from the ``[P, num_items]``
-    logits of the whole catalogue (see `DENSE_NEGATIVES_PER_ITEM`)."""
+def _catalogue_logits(model, states, targets, training, read):
+    """``[P, num_items]`` logits of every catalogue item at each position (the seen-item bias
+    added when `read`, the ragged items the states read, is given) and ``[P]`` those of the
+    targets: the full softmax's, and the per-position negatives' source on small catalogues."""
     logits = model.scores(states.flat_values, training=training)
     if model.seen_bias and read is not None:
         logits += _seen_bias_full(model, states, read)
-    pos = tf.gather(logits, targets.flat_values - 1, batch_dims=1)
+    return logits, tf.gather(logits, targets.flat_values - 1, batch_dims=1)
+
+
+def _positives_and_negatives_from_logits(model, states, targets, negatives, training, read):
+    """`_positives_and_negatives` with ``per_position``, gathered from the ``[P, num_items]``
+    logits of the whole catalogue (see `DENSE_NEGATIVES_PER_ITEM`)."""
+    logits, pos = _catalogue_logits(model, states, targets, training, read)
     neg = tf.gather(logits, negatives - 1, batch_dims=1)
     hit = tf.equal(targets.flat_values[:, None], negatives)
     return pos, tf.where(hit, tf.cast(_HIT, neg.dtype), neg)
@@ -370,10 +377,10 @@ def _positives_and_negatives(model, states, targets, negatives, training,
     ``per_position``, ``[P, N]`` ids, a set per position (generative-recommenders' sampler:
     P x N embeddings per step). With ``model.seen_bias``, `read` (the ragged items the states
     read) adds the seen-item bias to candidates already read at that position."""
-    s = states.flat_values
     if per_position and _dense_negatives(model, negatives):
         return _positives_and_negatives_from_logits(model, states, targets, negatives, training,
                                                     read)
+    s = states.flat_values
     pos = tf.reduce_sum(s * model.item_embeddings(targets.flat_values, training), -1)
     neg_emb = model.item_embeddings(negatives, training)
     if per_position:
@@ -440,10 +447,7 @@ def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, tra
     targets = items[:, 1:]
     states = model(inputs, training=training)
     if loss == "full":
-        logits = model.scores(states.flat_values, training=training)
-        if model.seen_bias:
-            logits += _seen_bias_full(model, states, inputs["items"])
-        target = tf.gather(logits, targets.flat_values - 1, batch_dims=1)
+        logits, target = _catalogue_logits(model, states, targets, training, inputs["items"])
         return reduce(_cross_entropy(logits, target, label_smoothing))
     pos, neg = _positives_and_negatives(model, states, targets, negatives, training,
                                         per_position, read=inputs["items"])

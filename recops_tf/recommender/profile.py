@@ -16,8 +16,8 @@ The rules (docs/quality.md has the measurements behind them):
   of a step, items]``, are at most `FULL_SOFTMAX_MAX_LOGITS`, where they cost little next to
   the encoder (measured with tools/bench_recommender.py on a 2-core Xeon, 12,900 positions a
   step: 2,000 items, 26 M logits, a full-softmax step 2.7x the sampled one; 12,000 items, 155
-  M logits, 15x), better than either sampled form on Amazon Beauty and Toys; above, a sampled
-  softmax, its negatives per sequence.
+  M logits, 15x), better than the sampled softmax per sequence on Amazon Beauty and per
+  position on Amazon Toys; above, a sampled softmax, its negatives per sequence.
 - **history** (``max_seq_len``): the 99th percentile of the training histories' lengths,
   rounded up to a multiple of 8, at least 8 and at most `MAX_HISTORY` (the paper's 200).
 - **dropout**: `SPARSE_DROPOUT` where the median training history has at most

@@ -42,6 +42,7 @@ def test_ranks_at_the_same_step_train():
     for _ in range(3):
         assert np.isfinite(float(step(items, stamps)))
     assert int(optimizer.iterations) == 3
+    assert group.sums >= 1  # the step all-reduces through the group (counted when traced)
 
 
 @pytest.mark.parametrize("lag", [1, -1])
