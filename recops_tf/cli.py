@@ -121,7 +121,7 @@ CONFIG_OPTIONS = {
     "no_fused": ("use_fused", "off"), "precision": ("precision", "value"),
     "epochs": ("epochs", "value"), "batch_size": ("batch_size", "value"),
     "learning_rate": ("learning_rate", "value"), "patience": ("patience", "value"),
-    "weight_decay": ("weight_decay", "value"),
+    "weight_decay": ("weight_decay", "value"), "weight_average": ("weight_average", "value"),
     "lr_schedule": ("lr_schedule", "value"), "warmup_steps": ("warmup_steps", "value"),
     "validation_metric": ("validation_metric", "value"), "exclude_seen": ("exclude_seen", "on"),
     "bucket_by_length": ("bucket_by_length", "on"), "seed": ("seed", "value"),
@@ -458,10 +458,12 @@ def _train(args, argv):
           f"{', seen-item bias' if config.seen_bias else ''}, {kind}")
     schedule = (f", {config.warmup_steps} warm-up steps" if config.warmup_steps else "") + (
         ", cosine decay" if config.lr_schedule == "cosine" else "")
+    averaged = (f"; validated on an average of the weights (decay {config.weight_average:g})"
+                if config.weight_average else "")
     print(f"optimizer: {'LazyAdam' if config.use_fused else 'Adam'} at learning rate "
           f"{config.learning_rate:g}{schedule}"
           f"{f', weight decay {config.weight_decay:g}' if config.weight_decay else ''}, "
-          f"batch {config.batch_size}")
+          f"batch {config.batch_size}{averaged}")
     checkpoint_dir = None
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -757,6 +759,10 @@ def _add_run_options(parser, synthetic=True):
     fit.add_argument("--weight-decay", type=float, help="decoupled weight decay (AdamW's) of "
                      "the encoder's and head's matrices: w -= learning rate x this x w a step; "
                      "not of biases, norms or the item tables")
+    fit.add_argument("--weight-average", type=float, metavar="DECAY",
+                     help="validate, keep and test an exponential average of the weights "
+                     "taken at each validation, this its decay in [0, 1) (0: the raw "
+                     "weights); training goes on from the raw weights")
     fit.add_argument("--lr-schedule", choices=tuple(_module("training")["LR_SCHEDULES"]),
                      help="after the warm-up: constant, or a cosine down to 0.1x by "
                      "--min-steps (held there after)")

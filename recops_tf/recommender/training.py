@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from recops_tf.optimizers.lazy_adam import LazyAdam
-from recops_tf.recommender import evaluation, multiworker
+from recops_tf.recommender import averaging, evaluation, multiworker
 from recops_tf.recommender.model import (ENCODERS, LOSSES, GenerativeRecommender, last_states,
                                          next_item_loss)
 
@@ -61,6 +61,9 @@ class Config:
     bucket_by_length: bool = False
     checkpoint_every: int = 0  # > 0: also checkpoint every this many steps
     max_steps: int = 0  # > 0: stop after this many steps (smoke runs)
+    # > 0: validate and test an exponential average of the weights taken at each validation,
+    # this its decay (recommender/averaging.py); 0: the raw weights
+    weight_average: float = 0.0
 
     @classmethod
     def from_preset(cls, name, **overrides):
@@ -103,6 +106,8 @@ class Config:
             raise ValueError(f"num_negatives must be at least 1, got {self.num_negatives}")
         if not 0.0 <= self.weight_decay < 1.0:
             raise ValueError(f"weight_decay must lie in [0, 1), got {self.weight_decay}")
+        if not 0.0 <= self.weight_average < 1.0:
+            raise ValueError(f"weight_average must lie in [0, 1), got {self.weight_average}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
         if not 0.0 <= self.gbce_t <= 1.0:
@@ -563,6 +568,10 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     # are saved explicitly, in their (deterministic) creation order.
     weights = [v.value for v in model.variables]
     tracked = dict(weights=weights, optimizer=optimizer, generator=generator, state=state)
+    average = None
+    if config.weight_average > 0:
+        average = averaging.WeightAverage(model, config.weight_average)
+        tracked["average"] = average
     tables = model.tables()
     for i, table in enumerate(tables):  # "table", then "output_table" (not shared)
         tracked[("table", "output_table")[i]] = table
@@ -627,12 +636,9 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
 
     timing = {"first_step": None, "validation": 0.0}  # this call's, for estimates (tuning)
 
-    def validate(epoch):
-        """Validates at the current step (`epoch`: the 1-based epoch under way); returns the
-        metric and whether patience has run out."""
-        began = time.perf_counter()
+    def record_validation(epoch):
+        """Validates the model's current weights, records the metric and keeps the best."""
         metrics = evaluate(model, split, "valid", config.exclude_seen, group=group)
-        timing["validation"] += time.perf_counter() - began
         value, steps = metrics[config.validation_metric], int(state.steps)
         history.append(dict(epoch=epoch, step=steps, **metrics))
         state.history.assign(json.dumps(history))
@@ -649,6 +655,20 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
             keep_best()
         else:
             state.bad_validations.assign_add(1)
+        return value
+
+    def validate(epoch):
+        """Validates at the current step (`epoch`: the 1-based epoch under way); returns the
+        metric and whether patience has run out."""
+        began = time.perf_counter()
+        if average is None:
+            value = record_validation(epoch)
+        else:  # the average is what is validated and kept as the best weights
+            average.update()
+            with average.swapped():
+                value = record_validation(epoch)
+        timing["validation"] += time.perf_counter() - began
+        steps = int(state.steps)
         if not progress:  # without a bar, a line per validation
             log(f"step {steps}: valid {config.validation_metric} {value:.4f} (best "
                 f"{float(state.best):.4f} at step {int(state.best_step)})")
