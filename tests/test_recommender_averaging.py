@@ -108,8 +108,3 @@ def test_a_run_with_the_average_validates_it_and_resumes_to_the_same_metrics(tmp
                              "valid")["ndcg@10"] == pytest.approx(
                                  max(v["ndcg@10"] for v in whole.validation))
 
-
-def test_the_defaults_average_and_the_papers_presets_do_not():
-    assert rec.Config().weight_average == rec.Config.from_preset("auto").weight_average == 0.8
-    for preset in ("hstu", "hstu-large", "sasrec"):
-        assert rec.Config.from_preset(preset).weight_average == 0.0

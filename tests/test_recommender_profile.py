@@ -216,3 +216,18 @@ def test_on_validation_stops_a_run_and_keeps_the_best():
     assert [s for s, _ in seen] == [4, 8, 12] and result.steps == 12
     assert [h["step"] for h in result.validation] == [4, 8, 12]
     assert result.best_step == max(seen, key=lambda sv: sv[1])[0]
+
+
+def test_fit_averages_the_weights_on_short_histories_and_the_papers_presets_do_not():
+    config = rec.Config.from_preset("auto")
+    short, reasons = prof.fit(_profile(length=dict(p10=2, p50=prof.SPARSE_MEDIAN_HISTORY,
+                                                   p90=30, p99=60, max=99)), config)
+    long, _ = prof.fit(_profile(length=dict(p10=20, p50=prof.SPARSE_MEDIAN_HISTORY + 1,
+                                            p90=90, p99=300, max=999)), config)
+    assert (short.weight_average, long.weight_average) == (0.8, 0.0)
+    assert "average of the weights" in reasons["weight_average"]
+    given, _ = prof.fit(_profile(), rec.Config.from_preset("auto", weight_average=0.5),
+                        given={"weight_average"})
+    assert given.weight_average == 0.5
+    for preset in ("hstu", "hstu-large", "sasrec"):
+        assert rec.Config.from_preset(preset).weight_average == 0.0

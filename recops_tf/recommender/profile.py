@@ -20,6 +20,10 @@ The rules (docs/quality.md has the measurements behind them):
   position on Amazon Toys; above, a sampled softmax, its negatives per sequence.
 - **history** (``max_seq_len``): the 99th percentile of the training histories' lengths,
   rounded up to a multiple of 8, at least 8 and at most `MAX_HISTORY` (the paper's 200).
+- **weight average**: `SPARSE_WEIGHT_AVERAGE` (validation and test on an exponential
+  average of the weights taken at each validation, ``recommender/averaging.py``) on short
+  histories, where it raised NDCG@10 on all 6 Amazon runs; the raw weights on long ones,
+  where MovieLens-100K was mixed over 3 seeds (docs/quality.md).
 - **dropout**: `SPARSE_DROPOUT` where the median training history has at most
   `SPARSE_MEDIAN_HISTORY` items (short, sparse histories overfit), `DENSE_DROPOUT` (the
   paper's) above: SASRec's own recipe (0.5 on the Amazon and Steam sets, 0.2 on MovieLens-1M),
@@ -40,10 +44,11 @@ from recops_tf.recommender import evaluation
 
 # The Config fields `fit` may set (the CLI's --help says "fitted to the data" for them).
 FITTED = ("loss", "negatives_per", "max_seq_len", "batch_size", "eval_every", "patience",
-          "min_steps", "max_steps", "epochs", "dropout_rate")
+          "min_steps", "max_steps", "epochs", "dropout_rate", "weight_average")
 FULL_SOFTMAX_MAX_LOGITS = 30_000_000
 SPARSE_MEDIAN_HISTORY = 20
 SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
+SPARSE_WEIGHT_AVERAGE = 0.8
 MAX_HISTORY = 200
 MIN_STEPS_PER_EPOCH = 32
 MIN_EVAL_EVERY, MAX_EVAL_EVERY = 50, 1000
@@ -123,9 +128,13 @@ def fit(prof, config, given=()):
     if median <= SPARSE_MEDIAN_HISTORY:
         choose("dropout_rate", SPARSE_DROPOUT, f"the median history has {median} items <= "
                f"{SPARSE_MEDIAN_HISTORY}: short, sparse histories, more dropout")
+        choose("weight_average", SPARSE_WEIGHT_AVERAGE, f"short, sparse histories: validated "
+               f"and tested on an average of the weights (decay {SPARSE_WEIGHT_AVERAGE})")
     else:
         choose("dropout_rate", DENSE_DROPOUT, f"the median history has {median} items > "
                f"{SPARSE_MEDIAN_HISTORY}: the paper's dropout")
+        choose("weight_average", 0.0, f"the median history has {median} items > "
+               f"{SPARSE_MEDIAN_HISTORY}: the raw weights")
     history = min(MAX_HISTORY, max(8, 8 * math.ceil(prof.length["p99"] / 8)))
     choose("max_seq_len", history, f"99% of the training histories have at most "
            f"{prof.length['p99']} items (at most {MAX_HISTORY})")

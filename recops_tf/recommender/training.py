@@ -62,8 +62,9 @@ class Config:
     checkpoint_every: int = 0  # > 0: also checkpoint every this many steps
     max_steps: int = 0  # > 0: stop after this many steps (smoke runs)
     # > 0: validate, keep and test an exponential average of the weights taken at each
-    # validation, this its decay (recommender/averaging.py); 0: the raw weights (the presets')
-    weight_average: float = 0.8
+    # validation, this its decay (recommender/averaging.py); 0: the raw weights (the presets';
+    # "auto" fits it: profile.fit)
+    weight_average: float = 0.0
 
     @classmethod
     def from_preset(cls, name, **overrides):
@@ -130,11 +131,9 @@ class Config:
 # ``seen_bias=False`` (``--no-seen-bias``) gives the paper's exact recipe.
 PRESETS = {
     # The default: the HSTU preset's model, its loss, history, batch and schedule fitted to the
-    # data by profile.fit (each choice printed with its reason; a flag given overrides it),
-    # validated and tested on an average of the weights over about five validations
-    # (docs/quality.md: better on Amazon Beauty, Toys and MovieLens-100K).
+    # data by profile.fit (each choice printed with its reason; a flag given overrides it).
     "auto": dict(encoder="hstu", num_blocks=2, num_heads=1, head_dim=50, relative_bias=True,
-                 seen_bias=True, weight_average=0.8),
+                 seen_bias=True),
     # The papers' recipes: the raw weights, no average.
     "hstu": dict(encoder="hstu", num_blocks=2, num_heads=1, head_dim=50, relative_bias=True,
                  seen_bias=True, weight_average=0.0),
