@@ -92,17 +92,22 @@ def test_fit_takes_the_history_from_the_length_distribution(p99, expected):
     assert fitted.max_seq_len == expected
 
 
-def test_fit_takes_more_dropout_on_short_sparse_histories():
+def test_fit_takes_more_dropout_and_the_weight_average_on_short_sparse_histories():
     config = rec.Config.from_preset("auto")
     sparse, reasons = prof.fit(_profile(length=dict(p10=2, p50=prof.SPARSE_MEDIAN_HISTORY,
                                                     p90=30, p99=60, max=99)), config)
     dense, _ = prof.fit(_profile(length=dict(p10=20, p50=prof.SPARSE_MEDIAN_HISTORY + 1,
                                              p90=90, p99=300, max=999)), config)
     assert (sparse.dropout_rate, dense.dropout_rate) == (0.5, 0.2)
+    assert (sparse.weight_average, dense.weight_average) == (0.8, 0.0)
     assert "median history has 20 items" in reasons["dropout_rate"]
-    given, _ = prof.fit(_profile(), rec.Config.from_preset("auto", dropout_rate=0.1),
-                        given={"dropout_rate"})
-    assert given.dropout_rate == 0.1
+    assert "average of the weights" in reasons["weight_average"]
+    given, _ = prof.fit(_profile(), rec.Config.from_preset(
+        "auto", dropout_rate=0.1, weight_average=0.5), given={"dropout_rate", "weight_average"})
+    assert (given.dropout_rate, given.weight_average) == (0.1, 0.5)
+    # The papers' presets keep the raw weights.
+    for preset in ("hstu", "hstu-large", "sasrec"):
+        assert rec.Config.from_preset(preset).weight_average == 0.0
 
 
 def test_fit_schedule_is_counted_in_steps():
@@ -217,17 +222,3 @@ def test_on_validation_stops_a_run_and_keeps_the_best():
     assert [h["step"] for h in result.validation] == [4, 8, 12]
     assert result.best_step == max(seen, key=lambda sv: sv[1])[0]
 
-
-def test_fit_averages_the_weights_on_short_histories_and_the_papers_presets_do_not():
-    config = rec.Config.from_preset("auto")
-    short, reasons = prof.fit(_profile(length=dict(p10=2, p50=prof.SPARSE_MEDIAN_HISTORY,
-                                                   p90=30, p99=60, max=99)), config)
-    long, _ = prof.fit(_profile(length=dict(p10=20, p50=prof.SPARSE_MEDIAN_HISTORY + 1,
-                                            p90=90, p99=300, max=999)), config)
-    assert (short.weight_average, long.weight_average) == (0.8, 0.0)
-    assert "average of the weights" in reasons["weight_average"]
-    given, _ = prof.fit(_profile(), rec.Config.from_preset("auto", weight_average=0.5),
-                        given={"weight_average"})
-    assert given.weight_average == 0.5
-    for preset in ("hstu", "hstu-large", "sasrec"):
-        assert rec.Config.from_preset(preset).weight_average == 0.0

@@ -46,12 +46,11 @@ class WeightAverage(tf.Module):
             keys, rows = (t.numpy() for t in table.export())
             order = np.argsort(keys)
             keys, rows = keys[order], rows[order]
-            if past > 0.0:
-                old_keys, old_rows = keys_var.numpy(), rows_var.numpy()
+            old_keys, old_rows = keys_var.numpy(), rows_var.numpy()
+            if past > 0.0 and len(old_keys):
                 # Rows new since the last update (a table grows) start at their value.
-                at = np.searchsorted(old_keys, keys)
-                known = (at < len(old_keys)) & (old_keys[np.minimum(at, len(old_keys) - 1)]
-                                                == keys) if len(old_keys) else at < 0
+                at = np.minimum(np.searchsorted(old_keys, keys), len(old_keys) - 1)
+                known = old_keys[at] == keys
                 rows[known] = past * old_rows[at[known]] + (1.0 - past) * rows[known]
             keys_var.assign(keys)
             rows_var.assign(rows)
