@@ -31,6 +31,7 @@ SPACE = {
     "temperature": ("float_log", 0.025, 0.1),  # of cosine logits: wider is wasted trials
     "batch_size": ("categorical", (32, 64, 128, 256)),
     "seen_bias": ("categorical", (True, False)),
+    "weight_average": ("categorical", (0.0, 0.8)),  # the raw weights or the fitted rule's decay
 }
 
 
