@@ -337,6 +337,9 @@ def test_seen_bias_is_added_to_the_items_already_read():
     expected[0, [0, 1]] = -2.0  # items 1, 2 (2 twice: once)
     expected[1, [3, 4]] = -2.0
     np.testing.assert_allclose(biased - plain, expected, atol=1e-5)
+    with tf.GradientTape() as tape:  # the bias's gradient counts each (row, item) pair once
+        total = tf.reduce_sum(model.scores(last, seen=items))
+    assert tape.gradient(total, model.seen_logit).numpy() == pytest.approx(4.0)
     # In training, position t sees only the items read up to t: item 2 (the target of
     # positions 0 and 1) is seen from position 1 on, item 1 (a negative) from position 0.
     targets = tf.RaggedTensor.from_row_lengths(tf.constant([2, 2, 4, 5, 6], tf.int64),

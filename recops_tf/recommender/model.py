@@ -231,12 +231,17 @@ class GenerativeRecommender(keras.Model):
         ``item_matrix()`` to score with, when the caller holds a copy (an export does)."""
         if matrix is None:
             matrix = self.item_matrix(training)
-        logits = tf.matmul(states, matrix, transpose_b=True) / self.temperature
+        # The temperature scales the [N, d] states, not the [N, num_items] logits, and the
+        # seen-item bias is added at the (row, item) pairs read, each once: no pass over the
+        # catalogue's logits besides the product, which a batch of rows shares (the serving
+        # signature's batching saves the rest).
+        logits = tf.matmul(states / self.temperature, matrix, transpose_b=True)
         if self.seen_bias and seen is not None:
-            idx = tf.stack([seen.value_rowids(), seen.flat_values - 1], 1)
-            mask = tf.scatter_nd(idx, tf.ones_like(seen.flat_values, logits.dtype),
-                                 tf.shape(logits, out_type=tf.int64))
-            logits += tf.cast(self.seen_logit, logits.dtype) * tf.minimum(mask, 1.0)
+            width = tf.constant(self.num_items + 1, tf.int64)
+            keys, _ = tf.unique(seen.value_rowids() * width + seen.flat_values)
+            idx = tf.stack([keys // width, keys % width - 1], 1)
+            logits = tf.tensor_scatter_nd_update(
+                logits, idx, tf.gather_nd(logits, idx) + tf.cast(self.seen_logit, logits.dtype))
         return logits
 
     def get_build_config(self):
