@@ -468,3 +468,53 @@ def test_extend_in_steps_equals_the_whole_history(policy, tol):
             np.testing.assert_allclose(f64(past), f64(whole_rows), rtol=tol, atol=tol)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_top_k_by_blocks_equals_tf_top_k_ties_included():
+    from recops_tf.recommender.exporting import top_k_by_blocks
+
+    rng = np.random.default_rng(4)
+    for _ in range(60):
+        block = int(rng.choice([2, 8, 64]))
+        width = block * int(rng.integers(1, 40))
+        k = int(rng.integers(1, width + 1))
+        # few distinct values and many -inf (items excluded): ties everywhere
+        scores = rng.integers(-3, 3, size=(3, width)).astype(np.float32)
+        scores[rng.random(scores.shape) < 0.3] = -np.inf
+        want = tf.math.top_k(scores, k)
+        values, indices = top_k_by_blocks(tf.constant(scores), k, block)
+        np.testing.assert_array_equal(values.numpy(), want.values.numpy())
+        np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
+
+
+def test_an_export_scored_by_blocks_answers_as_the_plain_one(tmp_path, monkeypatch):
+    """A catalogue of BLOCKED_TOP_K_FROM items or more is exported with its matrix padded to
+    whole blocks and ranked by blocks: the answers are the plain export's."""
+    from recops_tf.recommender import exporting
+
+    data = rec.synthetic(num_users=40, num_items=100, seed=2)
+    model = rec.train(data, _tiny_config(epochs=1), progress=False).model
+    plain = tf.saved_model.load(rec.export(model, data, str(tmp_path / "plain")))
+    monkeypatch.setattr(exporting, "BLOCKED_TOP_K_FROM", 64)
+    blocked = tf.saved_model.load(rec.export(model, data, str(tmp_path / "blocked")))
+    assert plain.item_matrix.shape[0] == 100 and blocked.item_matrix.shape[0] == 128
+
+    def same(a, b):
+        np.testing.assert_array_equal(a["items"].numpy(), b["items"].numpy())
+        np.testing.assert_allclose(a["scores"].numpy(), b["scores"].numpy(), rtol=1e-5,
+                                   atol=1e-5)
+        assert (a["items"].numpy() <= 100).all()  # never a padding row
+
+    items = tf.constant([[3, 9, 9, 41], [7, 0, 0, 0]], tf.int64)
+    stamps = tf.constant([[1, 2, 3, 4], [5, 0, 0, 0]], tf.int64)
+    same(plain.signatures["serving_default"](items=items, timestamps=stamps),
+         blocked.signatures["serving_default"](items=items, timestamps=stamps))
+    history, times = items[0], stamps[0]
+    for k in (1, 5, 100, 500):  # 500: more than the catalogue
+        same(plain.recommend(history, times, tf.constant(k)),
+             blocked.recommend(history, times, tf.constant(k)))
+    state = plain.user_state(history, times)["state"]
+    for exclude in (False, True):
+        got = blocked.top_k(state, history, tf.constant(100), tf.constant(exclude))
+        same(plain.top_k(state, history, tf.constant(100), tf.constant(exclude)), got)
+        assert (set(got["items"].numpy()[-3:]) == {3, 9, 41}) == exclude  # -inf: last
