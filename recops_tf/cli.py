@@ -899,8 +899,8 @@ def _parser():
                        help="rows of a batched call (default: 32)")
     serve.add_argument("--batch-timeout-micros", type=int, default=1000,
                        help="longest wait for a batch to fill (default: 1000)")
-    serve.add_argument("--num-batch-threads", type=_positive_int, default=2,
-                       help="threads running batches (default: 2)")
+    serve.add_argument("--num-batch-threads", type=_positive_int, default=1,
+                       help="threads running batches (default: 1: a call already uses every core)")
     serve.add_argument("--tensorflow-intra-op-parallelism", type=_nonnegative_int, default=0,
                        help="threads of one op (TF Serving's flag; default: 0, TensorFlow's "
                        "choice: a thread a core)")

@@ -45,7 +45,7 @@ class Options:
     enable_batching: bool = True
     max_batch_size: int = 32
     batch_timeout_micros: int = 1000
-    num_batch_threads: int = 2
+    num_batch_threads: int = 1
     max_enqueued_batches: int = 100
     cache_bytes: int = 256 << 20  # the users' key/value pages (0: no key/value cache)
     cache_page_rows: int = 64
