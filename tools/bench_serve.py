@@ -949,7 +949,7 @@ def main(argv=None):
                         f"{' '.join(map(str, CACHE_HISTORIES))}; each < {MAX_SEQ_LEN})")
     parser.add_argument("--num-items", type=int, default=3000)
     parser.add_argument("--batching-flags", default="",
-                        help="extra flags of the batching server, e.g. '--num-batch-threads 1 "
+                        help="extra flags of the batching server, e.g. '--num-batch-threads 2 "
                         "--batch-timeout-micros 2000' (default: recops-tf serve's defaults)")
     parser.add_argument("--server-flags", default="",
                         help="extra flags of every server (batching, not, recompute), e.g. "
