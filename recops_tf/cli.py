@@ -521,12 +521,12 @@ def _train(args, argv):
                "first_loss": result.first_loss,
                "last_loss": result.last_loss, "validation": result.validation,
                "config": dataclasses.asdict(config), "data": dataset.source, **fitted}
+    if args.json:  # first: an export that fails loses no figures of a long run
+        with open(args.json, "w") as f:
+            json.dump(metrics, f, indent=1)
     if args.out:
         path = rec.export(model, dataset, args.out, metrics)
         print(f"exported: {path} (SavedModel), {os.path.join(args.out, 'model.keras')}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(metrics, f, indent=1)
     return 0
 
 

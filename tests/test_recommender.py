@@ -157,6 +157,19 @@ def test_hstu_preset_beats_both_baselines_on_synthetic_data():
         assert result.test["ndcg@10"] > 1.15 * result.baselines[name]["ndcg@10"], name
 
 
+def test_train_writes_its_figures_before_the_export(tmp_path, monkeypatch):
+    """A run whose export fails (a full disk, say) keeps its test figures in --json."""
+    def broken(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(rec, "export", broken)
+    metrics = tmp_path / "metrics.json"
+    with pytest.raises(OSError, match="No space left"):
+        cli.main(["train", *TINY, "--out", str(tmp_path / "m"), "--json", str(metrics),
+                  "--no-progress"])
+    assert 0 <= json.loads(metrics.read_text())["test"]["hr@10"] <= 1
+
+
 def test_train_export_and_recommend_in_a_new_process(tmp_path, capsys):
     out = tmp_path / "model"
     metrics = tmp_path / "metrics.json"
