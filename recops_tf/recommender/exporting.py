@@ -62,11 +62,12 @@ def _check_ids(model, items, what="items"):
 # k x TOP_K_BLOCK items. Exact, ties included (lower item first, as tf.math.top_k): the
 # k-th best block maximum T is at most the k-th best score, so every item of the answer lies
 # in a block whose maximum is at least T, and the best blocks tied at T are the first ones.
-# It reads the scores once (the maxima) where tf.math.top_k's selection costs 5-10x more per
-# score: on 2 Xeon cores, k = 100, 0.58 -> 0.32 ms a row at 100,000 items and 7.6 -> 0.73 ms
-# at 1,000,000 (tools/bench_serve.py --num-items). A catalogue of BLOCKED_TOP_K_FROM items or
-# more takes it; the export's matrix is then padded with zero rows to whole blocks (their
-# scores set to -inf), so the blocks are a reshape of the scores, not a copy.
+# It reads the scores once (the maxima) where tf.math.top_k's selection costs more per score:
+# the top-k alone on 2 Xeon cores, k = 100, random scores, took 0.25 -> 0.22 ms a row at 32,768
+# items, 0.58 -> 0.32 at 100,000 and 7.6 -> 0.73 at 1,000,000; the two cost the same at 16,384
+# (docs/serving.md has the serving figures). A catalogue of BLOCKED_TOP_K_FROM items or more
+# takes it; the export's matrix is then padded with zero rows to whole blocks (their scores
+# set to -inf), so the blocks are a reshape of the scores, not a copy.
 TOP_K_BLOCK = 64
 BLOCKED_TOP_K_FROM = 32_768
 
