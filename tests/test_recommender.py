@@ -60,9 +60,13 @@ def test_presets_and_overrides():
     assert all(rec.Config.from_preset(name).seen_bias for name in rec.PRESETS)
     assert rec.Config() == rec.Config.from_preset("auto")
     # auto is the hstu preset's model; what it changes is fitted to the data (profile.fit),
-    # and it validates an average of the weights (the paper's recipe does not).
-    assert (dataclasses.replace(rec.Config(), preset="hstu", weight_average=0.0)
+    # it validates an average of the weights and adds a transition prior whose weight it
+    # chooses on validation (the paper's recipe does neither).
+    assert (dataclasses.replace(rec.Config(), preset="hstu", weight_average=0.0,
+                                transition_prior=0.0)
             == rec.Config.from_preset("hstu"))
+    assert all(rec.Config.from_preset(name).transition_prior == 0.0
+               for name in ("hstu", "hstu-large", "sasrec"))
     assert not rec.Config.from_preset("hstu", seen_bias=False).seen_bias
     with pytest.raises(ValueError, match="preset must be one of"):
         rec.Config.from_preset("bert4rec")

@@ -183,6 +183,11 @@ def _functions(model, serve_k, matrix):
         if model.seen_bias:
             hit = tf.reduce_any(tf.equal(candidates[:, None], seen[None, :]), 1)
             logits += tf.cast(model.seen_logit, tf.float32) * tf.cast(hit, tf.float32)
+        if model.transition_pairs:  # the prior of the items that followed the last one
+            _, after, values = model.transitions_after(_one_row(seen))
+            hit = tf.equal(candidates[:, None], after[None, :])
+            logits += model.transition_weight * tf.reduce_sum(
+                tf.where(hit, values[None, :], 0.0), 1)
         return {"scores": logits}
 
     @tf.function(input_signature=[vec("items"), vec("timestamps")])

@@ -50,6 +50,13 @@ class GenerativeRecommender(keras.Model):
       seen_bias: a learned scalar added to the logit of every item already in the history
         being scored (in training: the items read up to each position), a repeat-aware
         head; ``scores(states, seen=histories)`` applies it.
+      transition_pairs: the number of (item, next item) pairs of the transition prior
+        (0: none). With pairs, ``set_transitions(histories)`` stores how often each item
+        followed each other in those histories, and at inference (not in training)
+        ``scores(states, seen=histories)`` adds ``transition_weight x log(1 + n(last, j))``
+        to item j's logit, ``last`` the history's last item: a first-order Markov chain's
+        evidence beside the encoder's. The weight is 0 until set (the trainer chooses it on
+        the validation split after training: ``Config.transition_prior``).
       seed: of initializers and dropout.
       dropout_seed: of the dropout masks only, when it must differ from `seed` (multi-worker
         training: each rank draws its own masks over its slice of the batch, while the
@@ -61,7 +68,8 @@ class GenerativeRecommender(keras.Model):
     def __init__(self, num_items, encoder="hstu", d_model=50, num_blocks=2, num_heads=1,
                  head_dim=50, max_seq_len=200, dropout_rate=0.2, l2_norm=True,
                  temperature=0.05, relative_bias=True, use_fused=True, seed=0, seen_bias=False,
-                 share_embeddings=True, table_group=None, dropout_seed=None, **kwargs):
+                 share_embeddings=True, transition_pairs=0, table_group=None,
+                 dropout_seed=None, **kwargs):
         super().__init__(**kwargs)
         # Multi-worker training: item tables sharded over the group's ranks (not a config
         # field: a model saved or exported is a whole, unsharded one).
@@ -109,6 +117,22 @@ class GenerativeRecommender(keras.Model):
         self.catalogue = tf.constant(np.arange(1, self.num_items + 1), tf.int64)
         self.seen_logit = (self.add_weight(name="seen_bias", shape=(), initializer="zeros")
                            if self.seen_bias else None)
+        self.transition_pairs = int(transition_pairs)
+        if self.transition_pairs < 0:
+            raise ValueError(f"transition_pairs must be >= 0, got {transition_pairs}")
+        if self.transition_pairs:
+            # CSR by the preceding item: the pairs of item i are [starts[i], starts[i + 1]).
+            fixed = dict(trainable=False, initializer="zeros")
+            self.transition_starts = self.add_weight(
+                name="transition_starts", shape=(self.num_items + 2,), dtype="int64", **fixed)
+            self.transition_items = self.add_weight(
+                name="transition_items", shape=(self.transition_pairs,), dtype="int64",
+                **fixed)
+            self.transition_values = self.add_weight(
+                name="transition_values", shape=(self.transition_pairs,), dtype="float32",
+                **fixed)
+            self.transition_weight = self.add_weight(
+                name="transition_weight", shape=(), dtype="float32", **fixed)
 
     # -- embeddings -------------------------------------------------------------------------
     def _table(self, name, seed):
@@ -219,6 +243,47 @@ class GenerativeRecommender(keras.Model):
             tf.cast(self.final_norm(state[None])[0], tf.float32)
         return tf.reshape(tf.concat(rows, 1), [-1, width]), state
 
+    # -- the transition prior ---------------------------------------------------------------
+    @staticmethod
+    def count_transitions(histories, num_items):
+        """``(starts [num_items + 2], items [P], log(1 + count) [P])``: the distinct
+        consecutive pairs (a, b) of `histories` (arrays of item ids), grouped by a (CSR)."""
+        pairs = [np.stack([h[:-1], h[1:]], 1) for h in histories if len(h) > 1]
+        pairs = (np.concatenate(pairs).astype(np.int64) if pairs else
+                 np.zeros((0, 2), np.int64))
+        if len(pairs) and (pairs.min() < 1 or pairs.max() > num_items):
+            raise ValueError(f"histories: item ids must lie in 1..{num_items}")
+        keys, counts = np.unique(pairs[:, 0] * (num_items + 1) + pairs[:, 1],
+                                 return_counts=True)
+        starts = np.searchsorted(keys // (num_items + 1), np.arange(num_items + 2))
+        return (starts.astype(np.int64), (keys % (num_items + 1)).astype(np.int64),
+                np.log1p(counts).astype(np.float32))
+
+    def set_transitions(self, histories):
+        """Stores the transition counts of `histories` (``transition_pairs`` must equal their
+        number of distinct pairs: ``len(count_transitions(...)[1])``)."""
+        starts, items, values = self.count_transitions(histories, self.num_items)
+        if len(items) != self.transition_pairs:
+            raise ValueError(f"the histories have {len(items)} distinct transitions; the "
+                             f"model was built for {self.transition_pairs}")
+        if self.transition_pairs:
+            self.transition_starts.assign(starts)
+            self.transition_items.assign(items)
+            self.transition_values.assign(values)
+
+    def transitions_after(self, seen):
+        """``(rows [M], items [M], log(1 + count) [M])``: for each row of ragged `seen`
+        (histories, oldest first), the items that followed its last item in the stored
+        transitions (an empty row has none)."""
+        limits = seen.row_limits()
+        present = limits > seen.row_starts()
+        flat = tf.concat([tf.zeros([1], tf.int64), seen.flat_values], 0)
+        last = tf.where(present, tf.gather(flat, limits), tf.zeros_like(limits))
+        starts = tf.convert_to_tensor(self.transition_starts)
+        at = tf.ragged.range(tf.gather(starts, last), tf.gather(starts, last + 1))
+        return (at.value_rowids(), tf.gather(self.transition_items, at.flat_values),
+                tf.gather(self.transition_values, at.flat_values))
+
     # -- the retrieval head -----------------------------------------------------------------
     def item_matrix(self, training=None):
         """``[num_items, d_model]`` head embeddings of items 1..num_items."""
@@ -227,7 +292,8 @@ class GenerativeRecommender(keras.Model):
     def scores(self, states, training=None, seen=None, matrix=None):
         """``[N, num_items]`` logits of every catalogue item for ``[N, d_model]`` states;
         with ``seen_bias``, ``seen`` (ragged ``[N, (L)]`` item ids: the histories the states
-        read) adds the learned seen-item bias to the logits of those items. ``matrix``: the
+        read) adds the learned seen-item bias to the logits of those items and, with
+        ``transition_pairs`` and not `training`, the transition prior. ``matrix``: the
         ``item_matrix()`` to score with, when the caller holds a copy (an export does)."""
         if matrix is None:
             matrix = self.item_matrix(training)
@@ -242,6 +308,11 @@ class GenerativeRecommender(keras.Model):
             idx = tf.stack([keys // width, keys % width - 1], 1)
             logits = tf.tensor_scatter_nd_update(
                 logits, idx, tf.gather_nd(logits, idx) + tf.cast(self.seen_logit, logits.dtype))
+        if self.transition_pairs and seen is not None and not training:
+            rows, items, values = self.transitions_after(seen)
+            logits = tf.tensor_scatter_nd_add(
+                logits, tf.stack([rows, items - 1], 1),
+                tf.cast(values * self.transition_weight, logits.dtype))
         return logits
 
     def get_build_config(self):
@@ -263,7 +334,8 @@ class GenerativeRecommender(keras.Model):
                       dropout_rate=self.dropout_rate, l2_norm=self.l2_norm,
                       temperature=self.temperature, relative_bias=self.relative_bias,
                       use_fused=self.use_fused, seed=self.seed, seen_bias=self.seen_bias,
-                      share_embeddings=self.share_embeddings)
+                      share_embeddings=self.share_embeddings,
+                      transition_pairs=self.transition_pairs)
         return config
 
 

@@ -97,7 +97,7 @@ def unsharded(model, config, num_items, group):
 
     from recops_tf.recommender.training import _ragged, build_model
 
-    whole = build_model(config, num_items)
+    whole = build_model(config, num_items, transition_pairs=model.transition_pairs)
     one = _ragged([np.array([1], np.int64)])
     whole({"items": one, "timestamps": one}, training=False)
     whole.item_matrix(training=False)

@@ -18,6 +18,9 @@ from recops_tf.recommender.model import (ENCODERS, LOSSES, GenerativeRecommender
                                          next_item_loss)
 
 
+AUTO = -1.0  # Config.transition_prior: chosen on the validation split (TRANSITION_PRIOR_GRID)
+
+
 @dataclasses.dataclass
 class Config:
     """Every knob of a run; ``Config.from_preset(name, **overrides)`` gives the paper's recipes
@@ -65,6 +68,12 @@ class Config:
     # validation, this its decay (recommender/averaging.py); 0: the raw weights (the presets';
     # "auto" fits it: profile.fit)
     weight_average: float = 0.0
+    # > 0: at inference, add this x log(1 + n(last item, j)) to item j's logit, n counted in
+    # the training sequences (GenerativeRecommender's transition prior); 0: none (the papers'
+    # presets); AUTO (-1, "auto", the default): the value of TRANSITION_PRIOR_GRID with the
+    # best validation metric, chosen after training (the encoder is trained without it
+    # either way)
+    transition_prior: float = AUTO
 
     @classmethod
     def from_preset(cls, name, **overrides):
@@ -109,6 +118,9 @@ class Config:
             raise ValueError(f"weight_decay must lie in [0, 1), got {self.weight_decay}")
         if not 0.0 <= self.weight_average < 1.0:
             raise ValueError(f"weight_average must lie in [0, 1), got {self.weight_average}")
+        if not (self.transition_prior >= 0.0 or self.transition_prior == AUTO):
+            raise ValueError(f"transition_prior must be >= 0 or 'auto', got "
+                             f"{self.transition_prior}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
         if not 0.0 <= self.gbce_t <= 1.0:
@@ -134,14 +146,21 @@ PRESETS = {
     # data by profile.fit (each choice printed with its reason; a flag given overrides it).
     "auto": dict(encoder="hstu", num_blocks=2, num_heads=1, head_dim=50, relative_bias=True,
                  seen_bias=True),
-    # The papers' recipes: the raw weights, no average.
+    # The papers' recipes: the raw weights, no average, no transition prior.
     "hstu": dict(encoder="hstu", num_blocks=2, num_heads=1, head_dim=50, relative_bias=True,
-                 seen_bias=True, weight_average=0.0),
+                 seen_bias=True, weight_average=0.0, transition_prior=0.0),
     "hstu-large": dict(encoder="hstu", num_blocks=8, num_heads=2, head_dim=25,
-                       relative_bias=True, seen_bias=True, weight_average=0.0),
+                       relative_bias=True, seen_bias=True, weight_average=0.0,
+                       transition_prior=0.0),
     "sasrec": dict(encoder="sasrec", num_blocks=2, num_heads=1, head_dim=50,
-                   relative_bias=False, seen_bias=True, weight_average=0.0),
+                   relative_bias=False, seen_bias=True, weight_average=0.0,
+                   transition_prior=0.0),
 }
+
+
+# Config.transition_prior: AUTO chooses the weight of the transition prior among these, on the
+# validation split, once the encoder is trained (a tie keeps the smaller weight).
+TRANSITION_PRIOR_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 # Config.lr_schedule: the learning rate after the warm-up, constant (generative-recommenders')
@@ -164,7 +183,7 @@ def rank_seed(config, group=None):
     return config.seed + 7919 * group.rank
 
 
-def build_model(config, num_items, group=None):
+def build_model(config, num_items, group=None, transition_pairs=0):
     """The model of ``config``, its layers built under the dtype policy of
     ``config.precision`` (the global policy is restored afterwards); with a `group` of
     several ranks, its item tables sharded over them and its dropout masks drawn from a
@@ -180,8 +199,8 @@ def build_model(config, num_items, group=None):
             dropout_rate=config.dropout_rate, l2_norm=config.l2_norm,
             temperature=config.temperature, relative_bias=config.relative_bias,
             use_fused=config.use_fused, seed=config.seed, seen_bias=config.seen_bias,
-            share_embeddings=config.share_embeddings, table_group=group,
-            dropout_seed=rank_seed(config, group))
+            share_embeddings=config.share_embeddings, transition_pairs=transition_pairs,
+            table_group=group, dropout_seed=rank_seed(config, group))
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
 
@@ -451,6 +470,24 @@ def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=
     return evaluation.metrics(ranks, ks)
 
 
+def choose_transition_prior(model, split, config, group=None):
+    """Sets the weight of `model`'s transition prior: ``config.transition_prior``, or under
+    AUTO the weight of ``TRANSITION_PRIOR_GRID`` with the best validation metric (the
+    encoder's weights are not touched). Returns ``{"value": weight, "validation": {weight:
+    metric}}`` (the metrics measured: only under AUTO)."""
+    if config.transition_prior != AUTO:
+        model.transition_weight.assign(config.transition_prior)
+        return {"value": float(config.transition_prior), "validation": {}}
+    scores = {}
+    for weight in TRANSITION_PRIOR_GRID:
+        model.transition_weight.assign(weight)
+        scores[weight] = evaluate(model, split, "valid", config.exclude_seen,
+                                  group=group)[config.validation_metric]
+    best = max(TRANSITION_PRIOR_GRID, key=lambda w: (scores[w], -w))
+    model.transition_weight.assign(best)
+    return {"value": best, "validation": {str(w): v for w, v in scores.items()}}
+
+
 @dataclasses.dataclass
 class Result:
     model: GenerativeRecommender
@@ -470,6 +507,10 @@ class Result:
     steps_per_epoch: int = 0
     first_step_seconds: float = 0.0  # this call's first step (tracing included)
     validation_seconds: float = 0.0  # this call's validations
+    # {"value": the transition prior's weight, "validation": {weight: metric}} (the grid's,
+    # under config.transition_prior AUTO), "test_without": the test metrics with weight 0 (if
+    # the weight is not 0); {} without the prior
+    transition_prior: dict = dataclasses.field(default_factory=dict)
 
 
 def _scalar(tag, value):
@@ -547,7 +588,11 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     if world > 1 and not config.use_fused:
         raise ValueError("multi-worker training shards the fused build's item tables: drop "
                          "--no-fused")
-    model = build_model(config, num_items, group)
+    transitions = None
+    if config.transition_prior != 0:
+        train_items = split.train()[0]
+        transitions = len(GenerativeRecommender.count_transitions(train_items, num_items)[1])
+    model = build_model(config, num_items, group, transition_pairs=transitions or 0)
     total_steps = config.max_steps if config.max_steps > 0 else math.inf
     if config.epochs > 0:
         total_steps = min(total_steps, config.epochs * steps_per_epoch)
@@ -561,6 +606,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     model({"items": build_items[:, :1], "timestamps": build_items[:, :1]}, training=False)
     model.item_matrix(training=False)
     optimizer.build(model.trainable_variables)
+    if transitions:
+        model.set_transitions(train_items)
     if world > 1:  # every rank starts from the chief's dense weights
         for v in model.variables:
             if tf.as_dtype(v.dtype).is_floating:
@@ -750,6 +797,12 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         if manager:
             manager.save(checkpoint_number=int(state.steps))
     restore_best()
+    prior = choose_transition_prior(model, split, config, group) if transitions else {}
+    if prior.get("value"):  # the encoder alone on the test split, for the record
+        model.transition_weight.assign(0.0)
+        prior["test_without"] = evaluate(model, split, "test", config.exclude_seen,
+                                         group=group)
+        model.transition_weight.assign(prior["value"])
     other = not config.exclude_seen
     return Result(
         model=model, config=config,
@@ -762,4 +815,4 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         train_seconds=float(state.seconds), first_loss=float(state.first_loss),
         last_loss=float(state.last_loss), steps_per_epoch=steps_per_epoch,
         first_step_seconds=timing["first_step"] or 0.0,
-        validation_seconds=timing["validation"])
+        validation_seconds=timing["validation"], transition_prior=prior)

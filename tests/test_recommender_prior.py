@@ -1,0 +1,169 @@
+"""The transition prior: a first-order Markov chain's evidence added to the encoder's scores at
+inference, its weight chosen on the validation split (``Config.transition_prior``): the
+counts, the scores it changes (and those it does not), the trainer's choice, the export and
+the .keras file that keep it, and the CLI's flag."""
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recops_tf import cli
+from recops_tf import recommender as rec
+from recops_tf.recommender import evaluation
+from recops_tf.recommender import training as training_module
+
+HISTORIES = [np.array([1, 2, 3]), np.array([1, 2]), np.array([2, 1])]
+
+
+def _model(**kwargs):
+    values = dict(d_model=8, num_blocks=1, head_dim=4, max_seq_len=8, transition_pairs=3)
+    values.update(kwargs)
+    model = rec.GenerativeRecommender(4, **values)
+    one = tf.RaggedTensor.from_row_lengths(tf.constant([1], tf.int64), tf.constant([1], tf.int64))
+    model({"items": one, "timestamps": one}, training=False)
+    return model
+
+
+def _ragged(rows):
+    return tf.RaggedTensor.from_row_lengths(
+        tf.constant(np.concatenate(rows or [[]]).astype(np.int64)),
+        tf.constant([len(r) for r in rows], tf.int64))
+
+
+def test_transitions_are_counted_by_the_preceding_item():
+    starts, items, values = rec.GenerativeRecommender.count_transitions(HISTORIES, 4)
+    # (1, 2) twice, (2, 3), (2, 1): item 1's pairs are [0, 1), item 2's [1, 3), none after.
+    np.testing.assert_array_equal(starts, [0, 0, 1, 3, 3, 3])
+    np.testing.assert_array_equal(items, [2, 1, 3])
+    np.testing.assert_allclose(values, np.log1p([2, 1, 1]))
+    with pytest.raises(ValueError, match="1..4"):
+        rec.GenerativeRecommender.count_transitions([np.array([1, 5])], 4)
+    with pytest.raises(ValueError, match="distinct transitions"):
+        _model(transition_pairs=2).set_transitions(HISTORIES)
+    with pytest.raises(ValueError, match="transition_pairs"):
+        _model(transition_pairs=-1)
+
+
+def test_the_prior_is_added_after_the_last_item_at_inference_only():
+    model = _model()
+    model.set_transitions(HISTORIES)
+    model.transition_weight.assign(2.0)
+    states = tf.random.stateless_normal([3, 8], seed=[1, 2])
+    seen = _ragged([np.array([3, 1]), np.array([4, 2]), np.array([], np.int64)])
+    got = (model.scores(states, seen=seen) - model.scores(states)).numpy()
+    expected = np.zeros((3, 4))
+    expected[0, 1] = 2 * np.log(3)  # after item 1: item 2, twice
+    expected[1, [0, 2]] = 2 * np.log(2)  # after item 2: items 1 and 3, once each
+    np.testing.assert_allclose(got, expected, atol=1e-5)  # an empty history: nothing
+    np.testing.assert_array_equal(model.scores(states, seen=seen, training=True).numpy(),
+                                  model.scores(states).numpy())
+    model.transition_weight.assign(0.0)
+    np.testing.assert_array_equal(model.scores(states, seen=seen).numpy(),
+                                  model.scores(states).numpy())
+
+
+def _cycle_data(users=60, items=30, length=12, seed=0):
+    """Histories that walk a fixed cycle of the catalogue from a random start: the next item
+    is the last one's successor, which a Markov chain learns from few examples."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(items) + 1
+    histories = []
+    for _ in range(users):
+        start = rng.integers(items)
+        histories.append(order[(start + np.arange(length)) % items].astype(np.int64))
+    return rec.Dataset(items=histories, timestamps=[np.arange(length, dtype=np.int64)] * users,
+                       num_items=items, source="cycle",
+                       item_names=np.arange(1, items + 1))
+
+
+def _config(**overrides):
+    values = dict(epochs=0, max_steps=4, eval_every=2, batch_size=16, d_model=16, num_blocks=1,
+                  head_dim=8, max_seq_len=16, num_negatives=8)
+    values.update(overrides)
+    return rec.Config.from_preset(values.pop("preset", "auto"), **values)
+
+
+def test_the_trainer_chooses_the_weight_on_validation():
+    data = _cycle_data()
+    result = rec.train(data, _config(), progress=False)
+    prior, model = result.transition_prior, result.model
+    grid = training_module.TRANSITION_PRIOR_GRID
+    assert [float(w) for w in prior["validation"]] == list(grid)
+    chosen = max(grid, key=lambda w: (prior["validation"][str(w)], -w))
+    assert prior["value"] == chosen == float(model.transition_weight.numpy())
+    # After 4 steps the encoder knows little; the chain knows the cycle: the prior wins on
+    # validation, and the test metrics are those of the weight chosen.
+    assert chosen > 0 and prior["validation"][str(chosen)] > prior["validation"]["0.0"]
+    split = evaluation.Split.leave_one_out(data)
+    assert training_module.evaluate(model, split, "test") == result.test
+    assert result.test["ndcg@10"] > prior["test_without"]["ndcg@10"]
+    model.transition_weight.assign(0.0)
+    assert training_module.evaluate(model, split, "test") == prior["test_without"]
+
+
+def test_a_given_weight_is_kept_and_the_presets_have_no_prior():
+    data = _cycle_data(users=30)
+    fixed = rec.train(data, _config(transition_prior=1.5), progress=False)
+    assert fixed.transition_prior["value"] == 1.5 and fixed.transition_prior["validation"] == {}
+    assert float(fixed.model.transition_weight.numpy()) == 1.5
+    for preset in ("hstu", "sasrec"):
+        result = rec.train(data, _config(preset=preset), progress=False)
+        assert result.transition_prior == {} and result.model.transition_pairs == 0
+    with pytest.raises(ValueError, match="transition_prior"):
+        _config(transition_prior=-0.5).check()
+
+
+def test_the_export_and_the_keras_file_keep_the_prior(tmp_path):
+    data = _cycle_data(users=30)
+    model = rec.train(data, _config(transition_prior=1.5), progress=False).model
+    out = tmp_path / "export"
+    module = tf.saved_model.load(rec.export(model, data, str(out)))
+    history = tf.constant(data.items[0][:6])
+    times = tf.constant(data.timestamps[0][:6])
+    state = module.user_state(history, times)["state"]
+    expected = model.scores(state[None], seen=_ragged([data.items[0][:6]])).numpy()[0]
+    plain = model.scores(state[None]).numpy()[0]
+    assert np.abs(expected - plain).max() > 1.0  # the prior moves the successor's score
+    best = np.argsort(-expected, kind="stable")[:5] + 1
+    for got in (module.recommend(history, times, tf.constant(5)),
+                module.top_k(state, history, tf.constant(5), tf.constant(False))):
+        np.testing.assert_array_equal(got["items"].numpy(), best)
+        np.testing.assert_allclose(got["scores"].numpy(), expected[best - 1], rtol=1e-5,
+                                   atol=1e-5)
+    served = module.signatures["serving_default"](items=history[None], timestamps=times[None])
+    np.testing.assert_array_equal(served["items"].numpy()[0, :5], best)
+    candidates = tf.constant([1, 7, 30, int(best[0])], tf.int64)
+    np.testing.assert_allclose(module.score_items(state, history, candidates)["scores"].numpy(),
+                               expected[candidates.numpy() - 1], rtol=1e-5, atol=1e-5)
+    loaded = keras.saving.load_model(str(out / "model.keras"))
+    assert loaded.transition_pairs == model.transition_pairs
+    assert float(loaded.transition_weight.numpy()) == 1.5
+    for name in ("transition_starts", "transition_items", "transition_values"):
+        np.testing.assert_array_equal(getattr(loaded, name).numpy(),
+                                      getattr(model, name).numpy())
+
+
+def test_the_cli_flag(tmp_path, capsys):
+    for bad in ("-1", "often"):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["train", "--transition-prior", bad, "--max-steps", "1"])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--transition-prior" in err
+    out = tmp_path / "run.json"
+    args = ["train", "--users", "40", "--items", "30", "--max-steps", "2", "--batch-size", "16",
+            "--d-model", "16", "--blocks", "1", "--head-dim", "8", "--max-seq-len", "16",
+            "--no-progress", "--json", str(out)]
+    assert cli.main(args) == 0
+    text = capsys.readouterr().out
+    assert "a transition prior (its weight chosen on validation" in text
+    assert "transition prior: weight" in text and "the best validation ndcg@10 of 0: " in text
+    record = json.loads(out.read_text())
+    assert record["config"]["transition_prior"] == training_module.AUTO
+    assert len(record["transition_prior"]["validation"]) == len(
+        training_module.TRANSITION_PRIOR_GRID)
+    assert cli.main(args + ["--transition-prior", "0"]) == 0
+    assert "transition prior" not in capsys.readouterr().out
+    assert json.loads(out.read_text())["transition_prior"] == {}
