@@ -96,14 +96,26 @@ RUN = 5  # calls in a row of each function in process (bench_functions)
 
 
 # -- the model ---------------------------------------------------------------------------------
-def build_and_export(base, num_items, seed=0):
-    """An HSTU recommender (random weights) exported as ``base/1``; its SavedModel's path."""
+def build_and_export(base, num_items, seed=0, successors=0):
+    """An HSTU recommender (random weights) exported as ``base/1``; its SavedModel's path.
+    ``successors`` > 0: with a transition prior of weight 1 (as ``train``'s defaults export
+    one), that many random successors of each item, seen 1-4 times each."""
+    rng = np.random.default_rng(seed)
+    first = np.repeat(np.arange(1, num_items + 1, dtype=np.int64), successors)
+    keys, at = np.unique(first * (num_items + 1) + rng.integers(1, num_items + 1, first.size),
+                         return_index=True)
+    counts = rng.integers(1, 5, first.size)[at]
     model = GenerativeRecommender(num_items, encoder="hstu", d_model=50, num_blocks=2,
                                   num_heads=1, head_dim=50, max_seq_len=MAX_SEQ_LEN,
-                                  seen_bias=True, seed=seed)
+                                  seen_bias=True, seed=seed, transition_pairs=keys.size)
     one = tf.RaggedTensor.from_row_lengths(tf.constant([1], tf.int64), [1])
     model({"items": one, "timestamps": one})
-    rng = np.random.default_rng(seed)
+    if keys.size:  # the arrays set_transitions would store, drawn at random
+        model.transition_starts.assign(
+            np.searchsorted(keys // (num_items + 1), np.arange(num_items + 2)))
+        model.transition_items.assign(keys % (num_items + 1))
+        model.transition_values.assign(np.log1p(counts).astype(np.float32))
+        model.transition_weight.assign(1.0)
     for w in model.weights:  # the biases start at 0: give them values, so they count
         if "bias" in w.path and w.dtype == "float32":
             w.assign(rng.normal(0, 0.3, w.shape).astype("float32"))
@@ -948,6 +960,10 @@ def main(argv=None):
                         help="the cache sweep's history lengths H (default "
                         f"{' '.join(map(str, CACHE_HISTORIES))}; each < {MAX_SEQ_LEN})")
     parser.add_argument("--num-items", type=int, default=3000)
+    parser.add_argument("--successors", type=int, default=10,
+                        help="the model's transition prior: random successors of each item "
+                        "(train's defaults export a prior; Amazon Toys has about 12 distinct "
+                        "successors an item), 0: none (default 10)")
     parser.add_argument("--batching-flags", default="",
                         help="extra flags of the batching server, e.g. '--num-batch-threads 2 "
                         "--batch-timeout-micros 2000' (default: recops-tf serve's defaults)")
@@ -964,6 +980,8 @@ def main(argv=None):
     if min(args.concurrency) < 1 or args.requests < 1 or args.seconds <= 0 or \
             args.cache_reps < 1:
         parser.error("--concurrency, --requests, --seconds and --cache-reps must be positive")
+    if args.successors < 0:
+        parser.error("--successors must be at least 0")
     if not all(1 <= h < MAX_SEQ_LEN for h in args.histories):
         parser.error(f"--histories: each in 1..{MAX_SEQ_LEN - 1}")
     command = os.path.join(os.path.dirname(sys.executable), "recops-tf")
@@ -974,7 +992,7 @@ def main(argv=None):
     tmp = tempfile.mkdtemp(prefix="bench_serve_")
     servers, notes = {}, []
     try:
-        path = build_and_export(tmp, args.num_items)
+        path = build_and_export(tmp, args.num_items, successors=args.successors)
         with open(os.path.join(os.path.dirname(path), "info.json")) as f:
             width = json.load(f)["cache_width"]
         print(f"exported {path} in {time.time() - began:.1f} s", file=sys.stderr, flush=True)
@@ -1004,7 +1022,8 @@ def main(argv=None):
         "config": {"concurrency": args.concurrency, "requests": args.requests,
                    "seconds": args.seconds, "cache_reps": args.cache_reps,
                    "histories": args.histories, "num_items": args.num_items,
-                   "batching_flags": args.batching_flags, "server_flags": args.server_flags,
+                   "successors": args.successors, "batching_flags": args.batching_flags,
+                   "server_flags": args.server_flags,
                    "max_seq_len": MAX_SEQ_LEN, "history": HISTORY, "quick": args.quick,
                    "cpus": os.cpu_count(), "load_average_before": load_before,
                    "load_average_after": os.getloadavg(),
