@@ -167,3 +167,12 @@ def test_the_cli_flag(tmp_path, capsys):
     assert cli.main(args + ["--transition-prior", "0"]) == 0
     assert "transition prior" not in capsys.readouterr().out
     assert json.loads(out.read_text())["transition_prior"] == {}
+
+
+def test_a_config_file_may_say_auto(tmp_path):
+    from recops_tf.recommender import tuning
+
+    path = tmp_path / "best.json"
+    path.write_text('{"transition_prior": "auto", "weight_average": 0}')
+    assert tuning.read_config(str(path)) == {"transition_prior": training_module.AUTO,
+                                             "weight_average": 0}

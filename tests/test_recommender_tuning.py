@@ -105,6 +105,11 @@ def test_a_killed_search_resumes_and_train_reads_its_best_config(data_file, tmp_
     ("{nope", "not JSON"),
     ('{"config": {"warp_drive": 9}}', "unknown settings ['warp_drive']"),
     ("[1, 2]", "expected a JSON object"),
+    ('{"dropout_rate": "high"}', "dropout_rate must be a number, got 'high'"),
+    ('{"num_blocks": 2.5}', "num_blocks must be a whole number, got 2.5"),
+    ('{"l2_norm": 1}', "l2_norm must be true or false, got 1"),
+    ('{"transition_prior": "often"}', "transition_prior must be a number"),
+    ('{"transition_prior": -3}', "transition_prior must be >= 0 or 'auto', got -3"),
 ])
 def test_train_config_file_errors(data_file, tmp_path, capsys, text, message):
     path = tmp_path / "best.json"

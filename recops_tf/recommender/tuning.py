@@ -250,8 +250,23 @@ def read_config(path):
         data = data["config"]
     if not isinstance(data, dict):
         raise TuneError(f"--config {path}: expected a JSON object of settings")
-    known = {f.name for f in dataclasses.fields(Config)}
-    unknown = sorted(set(data) - known)
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    unknown = sorted(set(data) - set(types))
     if unknown:
         raise TuneError(f"--config {path}: unknown settings {unknown[:5]}")
+    data = dict(data)
+    if str(data.get("transition_prior")).lower() == "auto":  # as --transition-prior takes it
+        from recops_tf.recommender.training import AUTO
+
+        data["transition_prior"] = AUTO
+    for name, value in data.items():
+        kind = types[name]
+        fits = (isinstance(value, bool) if kind is bool else
+                isinstance(value, int) and not isinstance(value, bool) if kind is int else
+                isinstance(value, (int, float)) and not isinstance(value, bool)
+                if kind is float else isinstance(value, kind))
+        if value is not None and not fits:
+            what = {bool: "true or false", int: "a whole number", float: "a number"}.get(
+                kind, "a string")
+            raise TuneError(f"--config {path}: {name} must be {what}, got {value!r}")
     return data
