@@ -33,22 +33,25 @@ def _ragged(rows):
 
 
 def test_transitions_are_counted_by_the_preceding_item():
-    starts, items, values = rec.GenerativeRecommender.count_transitions(HISTORIES, 4)
+    starts, items, counts = evaluation.transitions(HISTORIES, 4)
     # (1, 2) twice, (2, 3), (2, 1): item 1's pairs are [0, 1), item 2's [1, 3), none after.
     np.testing.assert_array_equal(starts, [0, 0, 1, 3, 3, 3])
     np.testing.assert_array_equal(items, [2, 1, 3])
-    np.testing.assert_allclose(values, np.log1p([2, 1, 1]))
+    np.testing.assert_array_equal(counts, [2, 1, 1])
     with pytest.raises(ValueError, match="1..4"):
-        rec.GenerativeRecommender.count_transitions([np.array([1, 5])], 4)
-    with pytest.raises(ValueError, match="distinct transitions"):
-        _model(transition_pairs=2).set_transitions(HISTORIES)
+        evaluation.transitions([np.array([1, 5])], 4)
+    with pytest.raises(ValueError, match="built for 2"):
+        _model(transition_pairs=2).set_transitions(evaluation.transitions(HISTORIES, 4))
+    model = _model()
+    model.set_transitions(evaluation.transitions(HISTORIES, 4))
+    np.testing.assert_allclose(model.transition_values.numpy(), np.log1p([2, 1, 1]))
     with pytest.raises(ValueError, match="transition_pairs"):
         _model(transition_pairs=-1)
 
 
 def test_the_prior_is_added_after_the_last_item_at_inference_only():
     model = _model()
-    model.set_transitions(HISTORIES)
+    model.set_transitions(evaluation.transitions(HISTORIES, 4))
     model.transition_weight.assign(2.0)
     states = tf.random.stateless_normal([3, 8], seed=[1, 2])
     seen = _ragged([np.array([3, 1]), np.array([4, 2]), np.array([], np.int64)])

@@ -110,11 +110,10 @@ def build_and_export(base, num_items, seed=0, successors=0):
                                   seen_bias=True, seed=seed, transition_pairs=keys.size)
     one = tf.RaggedTensor.from_row_lengths(tf.constant([1], tf.int64), [1])
     model({"items": one, "timestamps": one})
-    if keys.size:  # the arrays set_transitions would store, drawn at random
-        model.transition_starts.assign(
-            np.searchsorted(keys // (num_items + 1), np.arange(num_items + 2)))
-        model.transition_items.assign(keys % (num_items + 1))
-        model.transition_values.assign(np.log1p(counts).astype(np.float32))
+    if keys.size:  # random transitions, as evaluation.transitions gives them
+        model.set_transitions((np.searchsorted(keys // (num_items + 1),
+                                               np.arange(num_items + 2)),
+                               keys % (num_items + 1), counts))
         model.transition_weight.assign(1.0)
     for w in model.weights:  # the biases start at 0: give them values, so they count
         if "bias" in w.path and w.dtype == "float32":

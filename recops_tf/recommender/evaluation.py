@@ -114,18 +114,26 @@ def popularity_scores(split, num_items):
     return counts[1:num_items + 1].astype(np.float64)
 
 
+def transitions(histories, num_items):
+    """``(starts [num_items + 2], items [P], counts [P])``: the distinct consecutive pairs
+    (a, b) of `histories` (arrays of item ids in 1..num_items) grouped by a, as CSR: the items
+    that followed item a are ``items[starts[a]:starts[a + 1]]``, ``counts`` times each."""
+    pairs = [np.stack([h[:-1], h[1:]], 1) for h in histories if len(h) > 1]
+    pairs = np.concatenate(pairs).astype(np.int64) if pairs else np.zeros((0, 2), np.int64)
+    if len(pairs) and (pairs.min() < 1 or pairs.max() > num_items):
+        raise ValueError(f"histories: item ids must lie in 1..{num_items}")
+    keys, counts = np.unique(pairs[:, 0] * (num_items + 1) + pairs[:, 1], return_counts=True)
+    starts = np.searchsorted(keys // (num_items + 1), np.arange(num_items + 2))
+    return starts.astype(np.int64), (keys % (num_items + 1)).astype(np.int64), counts
+
+
 class MarkovChain:
     """Item-to-item Markov baseline: rank by how often each item followed the history's last
     item in the training sequences; ties (items never seen after it) by popularity."""
 
     def __init__(self, split, num_items):
         self.num_items = num_items
-        train, _ = split.train()
-        pairs = [np.stack([h[:-1], h[1:]], 1) for h in train if len(h) > 1]
-        pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)
-        key = pairs[:, 0] * (num_items + 1) + pairs[:, 1]
-        self._keys, self._counts = np.unique(key, return_counts=True)
-        self._first = np.searchsorted(self._keys // (num_items + 1), np.arange(num_items + 2))
+        self._first, self._items, self._counts = transitions(split.train()[0], num_items)
         pop = popularity_scores(split, num_items)
         self._tiebreak = pop / (pop.max() + 1.0)  # < 1: never outranks a transition count
 
@@ -134,7 +142,7 @@ class MarkovChain:
         for row, h in enumerate(histories):
             last = int(h[-1])
             lo, hi = self._first[last], self._first[last + 1]
-            out[row, self._keys[lo:hi] % (self.num_items + 1) - 1] += self._counts[lo:hi]
+            out[row, self._items[lo:hi] - 1] += self._counts[lo:hi]
         return out
 
 

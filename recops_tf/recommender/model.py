@@ -51,12 +51,13 @@ class GenerativeRecommender(keras.Model):
         being scored (in training: the items read up to each position), a repeat-aware
         head; ``scores(states, seen=histories)`` applies it.
       transition_pairs: the number of (item, next item) pairs of the transition prior
-        (0: none). With pairs, ``set_transitions(histories)`` stores how often each item
-        followed each other in those histories, and at inference (not in training)
-        ``scores(states, seen=histories)`` adds ``transition_weight x log(1 + n(last, j))``
-        to item j's logit, ``last`` the history's last item: a first-order Markov chain's
-        evidence beside the encoder's. The weight is 0 until set (the trainer chooses it on
-        the validation split after training: ``Config.transition_prior``).
+        (0: none). With pairs, ``set_transitions(evaluation.transitions(histories, ...))``
+        stores how often each item followed each other in those histories, and at inference
+        (not in training) ``scores(states, seen=histories)`` adds ``transition_weight x
+        log(1 + n(last, j))`` to item j's logit, ``last`` the history's last item: a
+        first-order Markov chain's evidence beside the encoder's. The weight is 0 until set
+        (the trainer chooses it on the validation split after training:
+        ``Config.transition_prior``).
       seed: of initializers and dropout.
       dropout_seed: of the dropout masks only, when it must differ from `seed` (multi-worker
         training: each rank draws its own masks over its slice of the batch, while the
@@ -244,32 +245,18 @@ class GenerativeRecommender(keras.Model):
         return tf.reshape(tf.concat(rows, 1), [-1, width]), state
 
     # -- the transition prior ---------------------------------------------------------------
-    @staticmethod
-    def count_transitions(histories, num_items):
-        """``(starts [num_items + 2], items [P], log(1 + count) [P])``: the distinct
-        consecutive pairs (a, b) of `histories` (arrays of item ids), grouped by a (CSR)."""
-        pairs = [np.stack([h[:-1], h[1:]], 1) for h in histories if len(h) > 1]
-        pairs = (np.concatenate(pairs).astype(np.int64) if pairs else
-                 np.zeros((0, 2), np.int64))
-        if len(pairs) and (pairs.min() < 1 or pairs.max() > num_items):
-            raise ValueError(f"histories: item ids must lie in 1..{num_items}")
-        keys, counts = np.unique(pairs[:, 0] * (num_items + 1) + pairs[:, 1],
-                                 return_counts=True)
-        starts = np.searchsorted(keys // (num_items + 1), np.arange(num_items + 2))
-        return (starts.astype(np.int64), (keys % (num_items + 1)).astype(np.int64),
-                np.log1p(counts).astype(np.float32))
-
-    def set_transitions(self, histories):
-        """Stores the transition counts of `histories` (``transition_pairs`` must equal their
-        number of distinct pairs: ``len(count_transitions(...)[1])``)."""
-        starts, items, values = self.count_transitions(histories, self.num_items)
-        if len(items) != self.transition_pairs:
-            raise ValueError(f"the histories have {len(items)} distinct transitions; the "
-                             f"model was built for {self.transition_pairs}")
+    def set_transitions(self, counted):
+        """Stores transition counts, ``(starts, items, counts)`` as
+        ``evaluation.transitions(histories, num_items)`` gives them (``transition_pairs`` must
+        be ``len(items)``); the prior reads log(1 + count)."""
+        starts, items, counts = counted
+        if len(items) != self.transition_pairs or len(starts) != self.num_items + 2:
+            raise ValueError(f"{len(items)} transitions over {len(starts) - 2} items; the model "
+                             f"was built for {self.transition_pairs} over {self.num_items}")
         if self.transition_pairs:
-            self.transition_starts.assign(starts)
-            self.transition_items.assign(items)
-            self.transition_values.assign(values)
+            self.transition_starts.assign(np.asarray(starts, np.int64))
+            self.transition_items.assign(np.asarray(items, np.int64))
+            self.transition_values.assign(np.log1p(counts).astype(np.float32))
 
     def transitions_after(self, seen):
         """``(rows [M], items [M], log(1 + count) [M])``: for each row of ragged `seen`

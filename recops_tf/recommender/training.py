@@ -588,11 +588,10 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     if world > 1 and not config.use_fused:
         raise ValueError("multi-worker training shards the fused build's item tables: drop "
                          "--no-fused")
-    transitions = None
-    if config.transition_prior != 0:
-        train_items = split.train()[0]
-        transitions = len(GenerativeRecommender.count_transitions(train_items, num_items)[1])
-    model = build_model(config, num_items, group, transition_pairs=transitions or 0)
+    transitions = (evaluation.transitions(split.train()[0], num_items)
+                   if config.transition_prior != 0 else None)
+    model = build_model(config, num_items, group,
+                        transition_pairs=len(transitions[1]) if transitions else 0)
     total_steps = config.max_steps if config.max_steps > 0 else math.inf
     if config.epochs > 0:
         total_steps = min(total_steps, config.epochs * steps_per_epoch)
@@ -606,8 +605,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     model({"items": build_items[:, :1], "timestamps": build_items[:, :1]}, training=False)
     model.item_matrix(training=False)
     optimizer.build(model.trainable_variables)
-    if transitions:
-        model.set_transitions(train_items)
+    if transitions and len(transitions[1]):
+        model.set_transitions(transitions)
     if world > 1:  # every rank starts from the chief's dense weights
         for v in model.variables:
             if tf.as_dtype(v.dtype).is_floating:
@@ -797,7 +796,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         if manager:
             manager.save(checkpoint_number=int(state.steps))
     restore_best()
-    prior = choose_transition_prior(model, split, config, group) if transitions else {}
+    prior = (choose_transition_prior(model, split, config, group) if model.transition_pairs
+             else {})
     if prior.get("value"):  # the encoder alone on the test split, for the record
         model.transition_weight.assign(0.0)
         prior["test_without"] = evaluate(model, split, "test", config.exclude_seen,
