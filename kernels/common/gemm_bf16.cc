@@ -598,12 +598,21 @@ void GemmBf16With(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, 
 
 void Bf16RegisterOperand(const float* base, int64_t rows, int64_t ld) {
   Operands& all = Operands::ForThread();
-  for (Operand& o : all.slot) {  // a registration overlapping this buffer is stale
-    if (o.base != nullptr && o.base < base + rows * ld && base < o.base + o.rows * o.ld)
+  // A registration overlapping this buffer is stale; the first such slot is reused (a buffer
+  // registered anew block after block keeps one slot, and the other operands theirs).
+  int reuse = -1;
+  for (int s = 0; s < kOperands; ++s) {
+    Operand& o = all.slot[s];
+    if (o.base != nullptr && o.base < base + rows * ld && base < o.base + o.rows * o.ld) {
       o.base = nullptr;
+      if (reuse < 0) reuse = s;
+    }
   }
-  Operand& o = all.slot[all.next];
-  all.next = (all.next + 1) % kOperands;
+  if (reuse < 0) {
+    reuse = all.next;
+    all.next = (all.next + 1) % kOperands;
+  }
+  Operand& o = all.slot[reuse];
   o.base = base;
   o.rows = rows;
   o.ld = ld;

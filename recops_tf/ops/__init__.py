@@ -8,6 +8,7 @@ from recops_tf.ops.embedding_by_address import (DynamicEmbeddingTable, embedding
                                                 embedding_lookup_by_address,
                                                 embedding_update_by_address)
 from recops_tf.ops.fused_lazy_adam import lazy_adam_update
+from recops_tf.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from recops_tf.ops.fused_sgd import sgd_update
 from recops_tf.ops.gather_for_rank1 import gather_for_rank1, index_select_for_rank1_backward
 from recops_tf.ops.in_linear_silu import in_linear_silu
@@ -46,6 +47,7 @@ __all__ = [
     "embedding_lookup_by_address",
     "embedding_update_by_address",
     "lazy_adam_update",
+    "fused_linear_cross_entropy",
     "sgd_update",
     "HostChannel",
     "rma_swap_multi_tables",

@@ -1,0 +1,520 @@
+// The tiles of stem fused_linear_cross_entropy (see the header): preparation, the lanes'
+// forward and backward over blocks of items, the merge and the sparse corrections.
+#include "kernels/fused_linear_cross_entropy.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+
+#include "kernels/common/dispatch.h"
+#include "kernels/common/dtypes.h"
+#include "kernels/common/microkernels.h"
+#include "kernels/common/parallel.h"
+#include "tensorflow/core/framework/numeric_types.h"
+
+namespace recops {
+
+namespace {
+
+constexpr int64_t kPb = kFlcePositions, kNb = kFlceItems;
+
+// What forward and backward share, in the accumulation type: the active positions (weight not
+// 0) packed, their states as [Pad x d] rows and as blocks of [d x kPb] columns, the extra
+// logits by active position sorted by item, the bias, the items' column sums.
+template <typename Acc>
+struct Prepared {
+  int64_t Pa = 0, Pad = 0, blocks = 0;
+  std::vector<int64_t> rows;  // active position -> position
+  std::vector<int64_t> y;     // its target
+  std::vector<Acc> w;         // its weight
+  std::vector<Acc> sa;        // [Pad x d]
+  std::vector<Acc> st;        // [blocks x d x kPb]
+  std::vector<int64_t> ex_start, ex_item, ex_index;  // CSR [Pa + 1]; item; the triple's index
+  std::vector<Acc> ex_val;
+  std::vector<Acc> bias;  // [N] or empty
+  std::vector<Acc> zy;    // [Pa] the target's logit
+  std::vector<Acc> zmean;  // [Pa] the mean logit (label smoothing only)
+  std::vector<Acc> colsum;  // [d] the items' column sums (label smoothing only)
+};
+
+template <typename T, typename Acc>
+RECOPS_INLINE Acc Val(const T* p, int64_t i) {
+  return ToAcc<T, Acc>(p[i]);
+}
+
+// Whether the GEMMs take the CPU's bfloat16 dot products (bfloat16 inputs, float sums).
+template <typename T>
+bool UseBf16Gemm() {
+  return std::is_same_v<T, Eigen::bfloat16> && Bf16DotPath();
+}
+
+template <typename T, typename Acc>
+Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in) {
+  Prepared<Acc> pr;
+  const int64_t P = in.P, d = in.d, N = in.N;
+  std::vector<int64_t> active_of(P, -1);
+  for (int64_t p = 0; p < P; ++p) {
+    const Acc w = in.weights == nullptr ? Acc(1) : Val<T, Acc>(in.weights, p);
+    if (w == Acc(0)) continue;
+    active_of[p] = static_cast<int64_t>(pr.rows.size());
+    pr.rows.push_back(p);
+    pr.y.push_back(in.targets[p]);
+    pr.w.push_back(w);
+  }
+  pr.Pa = static_cast<int64_t>(pr.rows.size());
+  pr.blocks = (pr.Pa + kPb - 1) / kPb;
+  pr.Pad = pr.blocks * kPb;
+  pr.sa.assign(pr.Pad * d, Acc(0));
+  pr.st.assign(pr.Pad * d, Acc(0));
+  ParallelFor(ctx, pr.Pa, 4 * d + 8, [&](int64_t a0, int64_t a1) {
+    for (int64_t a = a0; a < a1; ++a) {
+      const T* src = in.states + pr.rows[a] * d;
+      Acc* row = pr.sa.data() + a * d;
+      Acc* col = pr.st.data() + (a / kPb) * d * kPb + a % kPb;
+      for (int64_t k = 0; k < d; ++k) {
+        row[k] = Val<T, Acc>(src, k);
+        col[k * kPb] = row[k];
+      }
+    }
+  });
+  if (in.bias != nullptr) {
+    pr.bias.resize(N);
+    for (int64_t j = 0; j < N; ++j) pr.bias[j] = Val<T, Acc>(in.bias, j);
+  }
+  // Extra logits of active positions, by position then item (counting sort, then by item).
+  const int64_t K = static_cast<int64_t>(in.extra_positions.size());
+  pr.ex_start.assign(pr.Pa + 1, 0);
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t a = active_of[in.extra_positions[k]];
+    if (a >= 0) ++pr.ex_start[a + 1];
+  }
+  std::partial_sum(pr.ex_start.begin(), pr.ex_start.end(), pr.ex_start.begin());
+  const int64_t kept = pr.ex_start[pr.Pa];
+  pr.ex_item.resize(kept);
+  pr.ex_index.resize(kept);
+  pr.ex_val.resize(kept);
+  {
+    std::vector<int64_t> fill(pr.ex_start.begin(), pr.ex_start.end() - 1);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t a = active_of[in.extra_positions[k]];
+      if (a >= 0) pr.ex_index[fill[a]++] = k;
+    }
+  }
+  for (int64_t a = 0; a < pr.Pa; ++a) {
+    auto first = pr.ex_index.begin() + pr.ex_start[a], last = pr.ex_index.begin() + pr.ex_start[a + 1];
+    std::stable_sort(first, last, [&](int64_t x, int64_t z) {
+      return in.extra_items[x] < in.extra_items[z];
+    });
+  }
+  for (int64_t e = 0; e < kept; ++e) {
+    pr.ex_item[e] = in.extra_items[pr.ex_index[e]];
+    pr.ex_val[e] = Val<T, Acc>(in.extra_values, pr.ex_index[e]);
+  }
+  // The items' column sums (label smoothing's mean logit), in a fixed order.
+  const bool smoothing = in.label_smoothing != 0.0f;
+  if (smoothing) {
+    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(64, N / 256));
+    std::vector<Acc> part(chunks * d, Acc(0));
+    ParallelFor(ctx, chunks, (N / chunks + 1) * d * 2, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        Acc* out = part.data() + c * d;
+        for (int64_t j = c * N / chunks; j < (c + 1) * N / chunks; ++j) {
+          for (int64_t k = 0; k < d; ++k) out[k] += Val<T, Acc>(in.items, j * d + k);
+        }
+      }
+    });
+    pr.colsum.assign(d, Acc(0));
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int64_t k = 0; k < d; ++k) pr.colsum[k] += part[c * d + k];
+    }
+  }
+  Acc bias_sum = 0;
+  for (const Acc b : pr.bias) bias_sum += b;
+  // The target's logit and the mean logit of each active position.
+  const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
+  pr.zy.resize(pr.Pa);
+  if (smoothing) pr.zmean.resize(pr.Pa);
+  ParallelFor(ctx, pr.Pa, 8 * d + 16, [&](int64_t a0, int64_t a1) {
+    for (int64_t a = a0; a < a1; ++a) {
+      const Acc* s = pr.sa.data() + a * d;
+      const int64_t y = pr.y[a];
+      Acc dot = 0;
+      for (int64_t k = 0; k < d; ++k) dot += s[k] * Val<T, Acc>(in.items, y * d + k);
+      Acc z = dot * inv_tau + (pr.bias.empty() ? Acc(0) : pr.bias[y]);
+      Acc extra_sum = 0;
+      for (int64_t e = pr.ex_start[a]; e < pr.ex_start[a + 1]; ++e) {
+        extra_sum += pr.ex_val[e];
+        if (pr.ex_item[e] == y) z += pr.ex_val[e];
+      }
+      pr.zy[a] = z;
+      if (smoothing) {
+        Acc cdot = 0;
+        for (int64_t k = 0; k < d; ++k) cdot += s[k] * pr.colsum[k];
+        pr.zmean[a] = (cdot * inv_tau + bias_sum + extra_sum) / static_cast<Acc>(N);
+      }
+    }
+  });
+  return pr;
+}
+
+template <typename V, typename Acc>
+RECOPS_INLINE V ExpOf(V x) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    return ExpVec(x);
+  } else {
+    for (int l = 0; l < static_cast<int>(sizeof(V) / sizeof(Acc)); ++l) x[l] = std::exp(x[l]);
+    return x;
+  }
+}
+
+template <typename V>
+RECOPS_INLINE V MaxOf(V a, V b) {
+  return a > b ? a : b;
+}
+
+// C (+)= A·B on the kernel's GEMM: the bfloat16 dot products for bfloat16 inputs where the
+// CPU has them, the register-blocked float / double GEMM otherwise.
+template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
+RECOPS_INLINE void Gemm(bool bf16, int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
+                        const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (bf16) {
+      GemmBf16<kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
+      return;
+    }
+  }
+  GemmAcc<Acc, I, kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
+}
+
+// Bf16RegisterOperand for float buffers (the bfloat16 GEMMs' operands); nothing for double.
+template <typename Acc>
+RECOPS_INLINE void Register(const Acc* base, int64_t rows, int64_t ld) {
+  if constexpr (std::is_same_v<Acc, float>) Bf16RegisterOperand(base, rows, ld);
+}
+
+// A lane's view of one block of items [j0, j0 + nb): their rows as Acc (the input itself for
+// float and double, a converted copy for bfloat16).
+template <typename T, typename Acc>
+RECOPS_INLINE const Acc* ItemRows(const FlceInputs<T>& in, int64_t j0, int64_t nb,
+                                  std::vector<Acc>* buf) {
+  if constexpr (std::is_same_v<T, Acc>) {
+    return in.items + j0 * in.d;
+  } else {
+    const int64_t n = nb * in.d;
+    if (static_cast<int64_t>(buf->size()) < n) buf->resize(n);
+    const T* src = in.items + j0 * in.d;
+    for (int64_t e = 0; e < n; ++e) (*buf)[e] = ToAcc<T, Acc>(src[e]);
+    return buf->data();
+  }
+}
+
+// Logits of the tile [nb x kPb] (items x positions of block pb) in place: scaled, biased, the
+// extra logits added (cursor: the lane's next extra of each active position, advanced past
+// this block; first: where it stood, for the backward's second pass).
+template <typename Acc, Isa I>
+RECOPS_INLINE void TileLogits(const Prepared<Acc>& pr, Acc inv_tau, int64_t j0, int64_t nb,
+                              int64_t pb, Acc* tile, int64_t* cursor, int64_t* first) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  for (int64_t j = 0; j < nb; ++j) {
+    const Acc b = pr.bias.empty() ? Acc(0) : pr.bias[j0 + j];
+    Acc* row = tile + j * kPb;
+    for (int64_t v = 0; v < kPb; v += W) StoreVec(row + v, LoadVec<V>(row + v) * inv_tau + b);
+  }
+  if (pr.ex_item.empty()) return;
+  const int64_t a0 = pb * kPb, a1 = std::min(a0 + kPb, pr.Pa);
+  for (int64_t a = a0; a < a1; ++a) {
+    int64_t e = cursor[a];
+    const int64_t end = pr.ex_start[a + 1];
+    while (e < end && pr.ex_item[e] < j0) ++e;
+    first[a - a0] = e;
+    for (; e < end && pr.ex_item[e] < j0 + nb; ++e)
+      tile[(pr.ex_item[e] - j0) * kPb + (a - a0)] += pr.ex_val[e];
+    cursor[a] = e;
+  }
+}
+
+// One lane of the forward: blocks of items from `next` (ascending), the running max m and sum
+// s of exp(z - m) of every active position over the lane's items.
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
+                               std::atomic<int64_t>* next, Acc* m, Acc* s) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  constexpr int64_t NV = kPb / W;
+  const bool bf16 = UseBf16Gemm<T>();
+  const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
+  const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
+  std::fill(m, m + pr.Pad, neg_inf);
+  std::fill(s, s + pr.Pad, Acc(0));
+  std::vector<Acc> tile(kNb * kPb), rows;
+  std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
+  const int64_t d = in.d;
+  Bf16Item item(bf16);
+  if (bf16) Register(pr.st.data(), pr.blocks * d, kPb);
+  for (int64_t blk = next->fetch_add(1); blk * kNb < in.N; blk = next->fetch_add(1)) {
+    const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
+    const Acc* e = ItemRows<T, Acc>(in, j0, nb, &rows);
+    if (bf16) Register(e, nb, d);
+    for (int64_t pb = 0; pb < pr.blocks; ++pb) {
+      Gemm<Acc, I, true, false>(bf16, nb, kPb, d, e, d, pr.st.data() + pb * d * kPb, kPb,
+                                tile.data(), kPb);
+      TileLogits<Acc, I>(pr, inv_tau, j0, nb, pb, tile.data(), cursor.data(), first.data());
+      V bm[NV], mm[NV], ss[NV];
+      for (int64_t v = 0; v < NV; ++v) bm[v] = V{} + neg_inf;
+      for (int64_t j = 0; j < nb; ++j) {
+        for (int64_t v = 0; v < NV; ++v) bm[v] = MaxOf(bm[v], LoadVec<V>(&tile[j * kPb + v * W]));
+      }
+      Acc* mp = m + pb * kPb;
+      Acc* sp = s + pb * kPb;
+      for (int64_t v = 0; v < NV; ++v) {
+        const V old = LoadVec<V>(mp + v * W);
+        mm[v] = MaxOf(old, bm[v]);
+        // A position whose logits are all -inf so far keeps m = -inf and s = 0.
+        mm[v] = mm[v] == neg_inf ? V{} : mm[v];
+        ss[v] = LoadVec<V>(sp + v * W) * ExpOf<V, Acc>(old - mm[v]);
+      }
+      for (int64_t j = 0; j < nb; ++j) {
+        for (int64_t v = 0; v < NV; ++v)
+          ss[v] += ExpOf<V, Acc>(LoadVec<V>(&tile[j * kPb + v * W]) - mm[v]);
+      }
+      for (int64_t v = 0; v < NV; ++v) {
+        StoreVec(mp + v * W, MaxOf(LoadVec<V>(mp + v * W), bm[v]));
+        StoreVec(sp + v * W, ss[v]);
+      }
+      // m holds the true max (-inf where there is none); s is relative to it, or to 0 where
+      // m is -inf.
+    }
+  }
+}
+
+// One lane of the backward: blocks of items from `next`; per block, every tile's G = c exp(z -
+// lse) (c = 0 on padding), the extra logits' gradients read from it, dE of the block's rows
+// (G·S, written out with the one-hot and smoothing corrections), dbias, and dS into the lane's
+// own buffer ds [Pad x d].
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
+                                const std::vector<Acc>& c, const std::vector<Acc>& lse_a,
+                                const std::vector<Acc>& onehot, const std::vector<Acc>& uniform_de,
+                                Acc uniform_db, const std::vector<int64_t>& by_target,
+                                std::atomic<int64_t>* next, Acc* ds, T* ditems, T* dbias,
+                                Acc* dextra) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  constexpr int64_t NV = kPb / W;
+  const bool bf16 = UseBf16Gemm<T>();
+  constexpr bool kRoundG = std::is_same_v<T, Eigen::bfloat16>;
+  const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
+  const int64_t d = in.d;
+  std::vector<Acc> tile(kNb * kPb), rows, de(kNb * d), db(kNb);
+  std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
+  Bf16Item item(bf16);
+  if (bf16) {
+    Register(pr.st.data(), pr.blocks * d, kPb);
+    Register(pr.sa.data(), pr.Pad, d);
+  }
+  for (int64_t blk = next->fetch_add(1); blk * kNb < in.N; blk = next->fetch_add(1)) {
+    const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
+    const Acc* e = ItemRows<T, Acc>(in, j0, nb, &rows);
+    if (bf16) Register(e, nb, d);
+    std::fill(de.begin(), de.begin() + nb * d, Acc(0));
+    std::fill(db.begin(), db.begin() + nb, Acc(0));
+    for (int64_t pb = 0; pb < pr.blocks; ++pb) {
+      Acc* t = tile.data();
+      Gemm<Acc, I, true, false>(bf16, nb, kPb, d, e, d, pr.st.data() + pb * d * kPb, kPb, t, kPb);
+      TileLogits<Acc, I>(pr, inv_tau, j0, nb, pb, t, cursor.data(), first.data());
+      V cv[NV], lv[NV];
+      for (int64_t v = 0; v < NV; ++v) {
+        cv[v] = LoadVec<V>(&c[pb * kPb + v * W]);
+        lv[v] = LoadVec<V>(&lse_a[pb * kPb + v * W]);
+      }
+      for (int64_t j = 0; j < nb; ++j) {
+        V sum = V{};
+        for (int64_t v = 0; v < NV; ++v) {
+          V g = cv[v] * ExpOf<V, Acc>(LoadVec<V>(&t[j * kPb + v * W]) - lv[v]);
+          g = cv[v] == Acc(0) ? V{} : g;
+          sum += g;
+          StoreVec(&t[j * kPb + v * W], g);
+        }
+        Acc total = 0;
+        for (int64_t l = 0; l < W; ++l) total += sum[l];
+        db[j] += total;
+      }
+      if (!pr.ex_item.empty()) {
+        const int64_t a0 = pb * kPb, a1 = std::min(a0 + kPb, pr.Pa);
+        for (int64_t a = a0; a < a1; ++a) {
+          for (int64_t x = first[a - a0]; x < cursor[a]; ++x)
+            dextra[x] = t[(pr.ex_item[x] - j0) * kPb + (a - a0)];
+        }
+      }
+      if constexpr (kRoundG) {
+        for (int64_t j = 0; j < nb; ++j) {
+          for (int64_t v = 0; v < NV; ++v) {
+            if constexpr (std::is_same_v<Acc, float>)
+              StoreVec(&t[j * kPb + v * W],
+                       RoundVecTo<Eigen::bfloat16>(LoadVec<V>(&t[j * kPb + v * W])));
+          }
+        }
+      }
+      // dE rows += G·S (S unscaled: the temperature is applied once, below); dS += Gᵀ-side.
+      Gemm<Acc, I, false, false>(bf16, nb, d, kPb, t, kPb, pr.sa.data() + pb * kPb * d, d,
+                                 de.data(), d);
+      Gemm<Acc, I, false, true>(bf16, kPb, d, nb, t, kPb, e, d, ds + pb * kPb * d, d);
+    }
+    // The one-hot term of the block's targets, the uniform term, the temperature.
+    const auto lo = std::lower_bound(by_target.begin(), by_target.end(), j0,
+                                     [&](int64_t a, int64_t j) { return pr.y[a] < j; });
+    for (auto it = lo; it != by_target.end() && pr.y[*it] < j0 + nb; ++it) {
+      const int64_t a = *it, j = pr.y[a] - j0;
+      for (int64_t k = 0; k < d; ++k) de[j * d + k] -= onehot[a] * pr.sa[a * d + k];
+      db[j] -= onehot[a];
+    }
+    for (int64_t j = 0; j < nb; ++j) {
+      T* out = ditems + (j0 + j) * d;
+      for (int64_t k = 0; k < d; ++k)
+        out[k] = FromAcc<T, Acc>(
+            (de[j * d + k] - (uniform_de.empty() ? Acc(0) : uniform_de[k])) * inv_tau);
+      if (dbias != nullptr) dbias[j0 + j] = FromAcc<T, Acc>(db[j] - uniform_db);
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T, typename Acc>
+void FlceForward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc* loss, Acc* lse) {
+  std::fill(loss, loss + in.P, Acc(0));
+  std::fill(lse, lse + in.P, Acc(0));
+  if (in.P == 0) return;
+  const Prepared<Acc> pr = Prepare<T, Acc>(ctx, in);
+  if (pr.Pa == 0) return;
+  const int64_t blocks = (in.N + kNb - 1) / kNb;
+  const int64_t lanes = std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), blocks));
+  std::vector<Acc> m(lanes * pr.Pad), s(lanes * pr.Pad);
+  std::atomic<int64_t> next{0};
+  ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
+    for (int64_t l = l0; l < l1; ++l) {
+      Acc* ml = m.data() + l * pr.Pad;
+      Acc* sl = s.data() + l * pr.Pad;
+      RECOPS_WITH_ISA((ForwardLane<T, Acc, I>(in, pr, &next, ml, sl)));
+    }
+  });
+  const Acc eps = static_cast<Acc>(in.label_smoothing);
+  for (int64_t a = 0; a < pr.Pa; ++a) {
+    Acc top = -std::numeric_limits<Acc>::infinity();
+    for (int64_t l = 0; l < lanes; ++l) top = std::max(top, m[l * pr.Pad + a]);
+    Acc value;
+    if (top == -std::numeric_limits<Acc>::infinity() || std::isnan(top)) {
+      value = top;
+      for (int64_t l = 0; l < lanes; ++l) {
+        if (std::isnan(m[l * pr.Pad + a]) || std::isnan(s[l * pr.Pad + a])) value = NAN;
+      }
+    } else {
+      Acc sum = 0;
+      for (int64_t l = 0; l < lanes; ++l) {
+        const Acc ml = m[l * pr.Pad + a];
+        if (ml == -std::numeric_limits<Acc>::infinity()) continue;
+        sum += s[l * pr.Pad + a] * std::exp(ml - top);
+      }
+      value = top + std::log(sum);
+    }
+    const int64_t p = pr.rows[a];
+    lse[p] = value;
+    Acc ce = value - pr.zy[a];
+    if (eps != Acc(0)) ce = (Acc(1) - eps) * ce + eps * (value - pr.zmean[a]);
+    loss[p] = pr.w[a] * ce;
+  }
+}
+
+template <typename T, typename Acc>
+void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, const Acc* dloss,
+                  const Acc* dlse, const Acc* lse, T* dstates, T* ditems, T* dbias,
+                  T* dextra_values) {
+  const int64_t P = in.P, N = in.N, d = in.d;
+  const int64_t K = static_cast<int64_t>(in.extra_positions.size());
+  std::fill(dstates, dstates + P * d, FromAcc<T, Acc>(Acc(0)));
+  std::fill(dextra_values, dextra_values + K, FromAcc<T, Acc>(Acc(0)));
+  const Prepared<Acc> pr = Prepare<T, Acc>(ctx, in);
+  const Acc eps = static_cast<Acc>(in.label_smoothing);
+  const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
+  // Per active position: c (the softmax's coefficient), the one-hot coefficient a and the
+  // uniform one e / N; padding positions get c = 0.
+  std::vector<Acc> c(pr.Pad, Acc(0)), lse_a(pr.Pad, Acc(0)), onehot(pr.Pa), uni(pr.Pa);
+  for (int64_t a = 0; a < pr.Pa; ++a) {
+    const int64_t p = pr.rows[a];
+    const Acc gw = dloss[p] * pr.w[a];
+    c[a] = gw + dlse[p];
+    lse_a[a] = lse[p];
+    onehot[a] = gw * (Acc(1) - eps);
+    uni[a] = gw * eps / static_cast<Acc>(N);
+  }
+  // The uniform term's dE row (the same for every item) and dbias.
+  std::vector<Acc> uniform_de;
+  Acc uniform_db = 0;
+  if (eps != Acc(0)) {
+    uniform_de.assign(d, Acc(0));
+    for (int64_t a = 0; a < pr.Pa; ++a) {
+      uniform_db += uni[a];
+      for (int64_t k = 0; k < d; ++k) uniform_de[k] += uni[a] * pr.sa[a * d + k];
+    }
+  }
+  std::vector<int64_t> by_target(pr.Pa);
+  std::iota(by_target.begin(), by_target.end(), 0);
+  std::stable_sort(by_target.begin(), by_target.end(),
+                   [&](int64_t x, int64_t z) { return pr.y[x] < pr.y[z]; });
+  std::vector<Acc> dextra(pr.ex_item.size(), Acc(0));
+  const int64_t blocks = (N + kNb - 1) / kNb;
+  const int64_t lanes =
+      pr.Pa == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), blocks));
+  std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * pr.Pad * d, Acc(0));
+  std::atomic<int64_t> next{0};
+  if (pr.Pa == 0) {
+    std::fill(ditems, ditems + N * d, FromAcc<T, Acc>(Acc(0)));
+    if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<T, Acc>(Acc(0)));
+    return;
+  }
+  ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
+    for (int64_t l = l0; l < l1; ++l) {
+      Acc* dsl = ds.data() + l * pr.Pad * d;
+      RECOPS_WITH_ISA((BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db,
+                                               by_target, &next, dsl, ditems, dbias,
+                                               dextra.data())));
+    }
+  });
+  // dS: the lanes' sums, the one-hot and uniform terms, the temperature.
+  ParallelFor(ctx, pr.Pa, (lanes + 2) * d * 4, [&](int64_t a0, int64_t a1) {
+    for (int64_t a = a0; a < a1; ++a) {
+      T* out = dstates + pr.rows[a] * d;
+      const int64_t y = pr.y[a];
+      for (int64_t k = 0; k < d; ++k) {
+        Acc g = 0;
+        for (int64_t l = 0; l < lanes; ++l) g += ds[(l * pr.Pad + a) * d + k];
+        g -= onehot[a] * Val<T, Acc>(in.items, y * d + k);
+        if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
+        out[k] = FromAcc<T, Acc>(g * inv_tau);
+      }
+    }
+  });
+  for (int64_t a = 0; a < pr.Pa; ++a) {
+    for (int64_t x = pr.ex_start[a]; x < pr.ex_start[a + 1]; ++x) {
+      Acc g = dextra[x] - uni[a];
+      if (pr.ex_item[x] == pr.y[a]) g -= onehot[a];
+      dextra_values[pr.ex_index[x]] = FromAcc<T, Acc>(g);
+    }
+  }
+}
+
+#define RECOPS_FLCE_INSTANTIATE_(T, Acc)                                                        \
+  template void FlceForward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&, Acc*,  \
+                                    Acc*);                                                      \
+  template void FlceBackward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&,       \
+                                     const Acc*, const Acc*, const Acc*, T*, T*, T*, T*);
+RECOPS_FLCE_INSTANTIATE_(float, float)
+RECOPS_FLCE_INSTANTIATE_(Eigen::bfloat16, float)
+RECOPS_FLCE_INSTANTIATE_(double, double)
+#undef RECOPS_FLCE_INSTANTIATE_
+
+}  // namespace recops
