@@ -3,7 +3,6 @@
 #include "kernels/fused_linear_cross_entropy.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -237,11 +236,12 @@ RECOPS_INLINE void TileLogits(const Prepared<Acc>& pr, Acc inv_tau, int64_t j0, 
   }
 }
 
-// One lane of the forward: blocks of items from `next` (ascending), the running max m and sum
+// One lane of the forward: blocks of items lane, lane + lanes, ... (a fixed share, so that
+// every sum is made in the same order from run to run), the running max m and sum
 // s of exp(z - m) of every active position over the lane's items.
 template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
-                               std::atomic<int64_t>* next, Acc* m, Acc* s) {
+                               int64_t lane, int64_t lanes, Acc* m, Acc* s) {
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
@@ -255,7 +255,7 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   const int64_t d = in.d;
   Bf16Item item(bf16);
   if (bf16) Register(pr.st.data(), pr.blocks * d, kPb);
-  for (int64_t blk = next->fetch_add(1); blk * kNb < in.N; blk = next->fetch_add(1)) {
+  for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
     const Acc* e = ItemRows<T, Acc>(in, j0, nb, &rows);
     if (bf16) Register(e, nb, d);
@@ -291,7 +291,7 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   }
 }
 
-// One lane of the backward: blocks of items from `next`; per block, every tile's G = c exp(z -
+// One lane of the backward: blocks of items lane, lane + lanes, ...; per block, every tile's G = c exp(z -
 // lse) (c = 0 on padding), the extra logits' gradients read from it, dE of the block's rows
 // (G·S, written out with the one-hot and smoothing corrections), dbias, and dS into the lane's
 // own buffer ds [Pad x d].
@@ -300,7 +300,7 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
                                 const std::vector<Acc>& c, const std::vector<Acc>& lse_a,
                                 const std::vector<Acc>& onehot, const std::vector<Acc>& uniform_de,
                                 Acc uniform_db, const std::vector<int64_t>& by_target,
-                                std::atomic<int64_t>* next, Acc* ds, T* ditems, T* dbias,
+                                int64_t lane, int64_t lanes, Acc* ds, T* ditems, T* dbias,
                                 Acc* dextra) {
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
@@ -316,7 +316,7 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
     Register(pr.st.data(), pr.blocks * d, kPb);
     Register(pr.sa.data(), pr.Pad, d);
   }
-  for (int64_t blk = next->fetch_add(1); blk * kNb < in.N; blk = next->fetch_add(1)) {
+  for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
     const Acc* e = ItemRows<T, Acc>(in, j0, nb, &rows);
     if (bf16) Register(e, nb, d);
@@ -394,12 +394,11 @@ void FlceForward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc*
   const int64_t blocks = (in.N + kNb - 1) / kNb;
   const int64_t lanes = std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), blocks));
   std::vector<Acc> m(lanes * pr.Pad), s(lanes * pr.Pad);
-  std::atomic<int64_t> next{0};
   ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
     for (int64_t l = l0; l < l1; ++l) {
       Acc* ml = m.data() + l * pr.Pad;
       Acc* sl = s.data() + l * pr.Pad;
-      RECOPS_WITH_ISA((ForwardLane<T, Acc, I>(in, pr, &next, ml, sl)));
+      RECOPS_WITH_ISA((ForwardLane<T, Acc, I>(in, pr, l, lanes, ml, sl)));
     }
   });
   const Acc eps = static_cast<Acc>(in.label_smoothing);
@@ -470,7 +469,6 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   const int64_t lanes =
       pr.Pa == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), blocks));
   std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * pr.Pad * d, Acc(0));
-  std::atomic<int64_t> next{0};
   if (pr.Pa == 0) {
     std::fill(ditems, ditems + N * d, FromAcc<T, Acc>(Acc(0)));
     if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<T, Acc>(Acc(0)));
@@ -480,7 +478,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
     for (int64_t l = l0; l < l1; ++l) {
       Acc* dsl = ds.data() + l * pr.Pad * d;
       RECOPS_WITH_ISA((BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db,
-                                               by_target, &next, dsl, ditems, dbias,
+                                               by_target, l, lanes, dsl, ditems, dbias,
                                                dextra.data())));
     }
   });

@@ -4,7 +4,7 @@
 // holding the [P x N] logits (Cut Cross-Entropy's scheme, on CPU threads):
 //
 //  - forward: each thread (a "lane") takes blocks of items in ascending order from a shared
-//    counter; per block, a tile of logits for every block of positions (one GEMM, the block's
+//    share (every lanes-th block); per block, a tile of logits for every block of positions (one GEMM, the block's
 //    items as A so the tile is [items x positions] and its reductions run across vectors of
 //    positions), then an online logsumexp per position (a running max and sum for the lane);
 //    the lanes' partial sums are merged at the end;

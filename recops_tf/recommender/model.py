@@ -19,6 +19,7 @@ import tensorflow as tf
 from recops_tf.layers.dynamic_embedding import DynamicEmbedding
 from recops_tf.layers.hstu_block import HSTUBlock
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
+from recops_tf.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 
 ENCODERS = ("hstu", "sasrec")
 LOSSES = ("sampled", "in-batch", "full", "gbce")
@@ -464,6 +465,33 @@ def _positives_and_negatives(model, states, targets, negatives, training,
     return pos, neg
 
 
+def _seen_logits(model, states, read):
+    """The seen-item bias as sparse logits ``(positions, items, values)``: one triple per
+    position of `states` and distinct item `read` up to it (item id i is row i - 1 of the
+    item matrix), each valued ``model.seen_logit``. ``B x L^2 / 2`` triples at most, against
+    the ``P x num_items`` of `_seen_bias_full`."""
+    width = tf.constant(model.num_items + 1, tf.int64)
+    keys, slot = tf.unique(read.value_rowids() * width + read.flat_values)
+    first = tf.math.unsorted_segment_min(tf.ragged.range(read.row_lengths()).flat_values, slot,
+                                         tf.size(keys))
+    rows = keys // width
+    span = tf.ragged.range(first, tf.gather(states.row_lengths(), rows))
+    positions = (tf.gather(states.row_starts(), rows)[:, None] + span).flat_values
+    items = tf.repeat(keys % width - 1, span.row_lengths())
+    values = tf.broadcast_to(tf.cast(model.seen_logit, tf.float32), tf.shape(items))
+    return positions, items, values
+
+
+def _fused_full_softmax(model, states, targets, training, read, label_smoothing):
+    """``[P]`` cross-entropy of the targets over the whole catalogue through
+    ``recops_tf.fused_linear_cross_entropy`` (the logits never built): the same loss and
+    gradients as `_catalogue_logits` + `_cross_entropy`."""
+    extra = _seen_logits(model, states, read) if model.seen_bias and read is not None else None
+    return fused_linear_cross_entropy(
+        states.flat_values, model.item_matrix(training), targets.flat_values - 1,
+        temperature=model.temperature, extra_logits=extra, label_smoothing=label_smoothing)
+
+
 def _cross_entropy(logits, target_logit, label_smoothing, valid=None):
     """Softmax cross-entropy ``[P]`` of the target among `logits` ``[P, N]`` (the target's
     own column included) against the label ``(1 - label_smoothing) onehot + label_smoothing /
@@ -511,6 +539,9 @@ def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, tra
     targets = items[:, 1:]
     states = model(inputs, training=training)
     if loss == "full":
+        if model.use_fused:
+            return reduce(_fused_full_softmax(model, states, targets, training, inputs["items"],
+                                              label_smoothing))
         logits, target = _catalogue_logits(model, states, targets, training, inputs["items"])
         return reduce(_cross_entropy(logits, target, label_smoothing))
     pos, neg = _positives_and_negatives(model, states, targets, negatives, training,
