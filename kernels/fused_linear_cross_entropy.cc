@@ -26,11 +26,12 @@ constexpr int64_t kPb = kFlcePositions, kNb = kFlceItems;
 template <typename Acc>
 struct Prepared {
   int64_t Pa = 0, Pad = 0, blocks = 0;
+  int64_t dp = 0;  // d rounded up to 16: the GEMMs' widths in whole vectors (zero columns)
   std::vector<int64_t> rows;  // active position -> position
   std::vector<int64_t> y;     // its target
   std::vector<Acc> w;         // its weight
-  std::vector<Acc> sa;        // [Pad x d]
-  std::vector<Acc> st;        // [blocks x d x kPb]
+  std::vector<Acc> sa;        // [Pad x dp]
+  std::vector<Acc> st;        // [blocks x dp x kPb]
   std::vector<int64_t> ex_start, ex_item, ex_index;  // CSR [Pa + 1]; item; the triple's index
   std::vector<Acc> ex_val;
   std::vector<Acc> bias;  // [N] or empty
@@ -66,13 +67,15 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
   pr.Pa = static_cast<int64_t>(pr.rows.size());
   pr.blocks = (pr.Pa + kPb - 1) / kPb;
   pr.Pad = pr.blocks * kPb;
-  pr.sa.assign(pr.Pad * d, Acc(0));
-  pr.st.assign(pr.Pad * d, Acc(0));
+  pr.dp = (d + 15) / 16 * 16;
+  const int64_t dp = pr.dp;
+  pr.sa.assign(pr.Pad * dp, Acc(0));
+  pr.st.assign(pr.Pad * dp, Acc(0));
   ParallelFor(ctx, pr.Pa, 4 * d + 8, [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
       const T* src = in.states + pr.rows[a] * d;
-      Acc* row = pr.sa.data() + a * d;
-      Acc* col = pr.st.data() + (a / kPb) * d * kPb + a % kPb;
+      Acc* row = pr.sa.data() + a * dp;
+      Acc* col = pr.st.data() + (a / kPb) * dp * kPb + a % kPb;
       for (int64_t k = 0; k < d; ++k) {
         row[k] = Val<T, Acc>(src, k);
         col[k * kPb] = row[k];
@@ -138,7 +141,7 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
   if (smoothing) pr.zmean.resize(pr.Pa);
   ParallelFor(ctx, pr.Pa, 8 * d + 16, [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
-      const Acc* s = pr.sa.data() + a * d;
+      const Acc* s = pr.sa.data() + a * dp;
       const int64_t y = pr.y[a];
       Acc dot = 0;
       for (int64_t k = 0; k < d; ++k) dot += s[k] * Val<T, Acc>(in.items, y * d + k);
@@ -194,20 +197,22 @@ RECOPS_INLINE void Register(const Acc* base, int64_t rows, int64_t ld) {
   if constexpr (std::is_same_v<Acc, float>) Bf16RegisterOperand(base, rows, ld);
 }
 
-// A lane's view of one block of items [j0, j0 + nb): their rows as Acc (the input itself for
-// float and double, a converted copy for bfloat16).
+// A lane's view of one block of items [j0, j0 + nb): their rows as Acc, dp apart (the input
+// itself where that is already so, a converted or zero-padded copy otherwise).
 template <typename T, typename Acc>
-RECOPS_INLINE const Acc* ItemRows(const FlceInputs<T>& in, int64_t j0, int64_t nb,
+RECOPS_INLINE const Acc* ItemRows(const FlceInputs<T>& in, int64_t dp, int64_t j0, int64_t nb,
                                   std::vector<Acc>* buf) {
+  const int64_t d = in.d;
   if constexpr (std::is_same_v<T, Acc>) {
-    return in.items + j0 * in.d;
-  } else {
-    const int64_t n = nb * in.d;
-    if (static_cast<int64_t>(buf->size()) < n) buf->resize(n);
-    const T* src = in.items + j0 * in.d;
-    for (int64_t e = 0; e < n; ++e) (*buf)[e] = ToAcc<T, Acc>(src[e]);
-    return buf->data();
+    if (dp == d) return in.items + j0 * d;
   }
+  if (static_cast<int64_t>(buf->size()) < nb * dp) buf->assign(nb * dp, Acc(0));
+  const T* src = in.items + j0 * d;
+  for (int64_t j = 0; j < nb; ++j) {
+    Acc* row = buf->data() + j * dp;
+    for (int64_t k = 0; k < d; ++k) row[k] = ToAcc<T, Acc>(src[j * d + k]);
+  }
+  return buf->data();
 }
 
 // Logits of the tile [nb x kPb] (items x positions of block pb) in place: scaled, biased, the
@@ -252,15 +257,15 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   std::fill(s, s + pr.Pad, Acc(0));
   std::vector<Acc> tile(kNb * kPb), rows;
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
-  const int64_t d = in.d;
+  const int64_t dp = pr.dp;
   Bf16Item item(bf16);
-  if (bf16) Register(pr.st.data(), pr.blocks * d, kPb);
+  if (bf16) Register(pr.st.data(), pr.blocks * dp, kPb);
   for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
-    const Acc* e = ItemRows<T, Acc>(in, j0, nb, &rows);
-    if (bf16) Register(e, nb, d);
+    const Acc* e = ItemRows<T, Acc>(in, dp, j0, nb, &rows);
+    if (bf16) Register(e, nb, dp);
     for (int64_t pb = 0; pb < pr.blocks; ++pb) {
-      Gemm<Acc, I, true, false>(bf16, nb, kPb, d, e, d, pr.st.data() + pb * d * kPb, kPb,
+      Gemm<Acc, I, true, false>(bf16, nb, kPb, dp, e, dp, pr.st.data() + pb * dp * kPb, kPb,
                                 tile.data(), kPb);
       TileLogits<Acc, I>(pr, inv_tau, j0, nb, pb, tile.data(), cursor.data(), first.data());
       V bm[NV], mm[NV], ss[NV];
@@ -309,22 +314,24 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
   constexpr bool kRoundG = std::is_same_v<T, Eigen::bfloat16>;
   const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
   const int64_t d = in.d;
-  std::vector<Acc> tile(kNb * kPb), rows, de(kNb * d), db(kNb);
+  const int64_t dp = pr.dp;
+  std::vector<Acc> tile(kNb * kPb), rows, de(kNb * dp), db(kNb);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
   Bf16Item item(bf16);
   if (bf16) {
-    Register(pr.st.data(), pr.blocks * d, kPb);
-    Register(pr.sa.data(), pr.Pad, d);
+    Register(pr.st.data(), pr.blocks * dp, kPb);
+    Register(pr.sa.data(), pr.Pad, dp);
   }
   for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
-    const Acc* e = ItemRows<T, Acc>(in, j0, nb, &rows);
-    if (bf16) Register(e, nb, d);
-    std::fill(de.begin(), de.begin() + nb * d, Acc(0));
+    const Acc* e = ItemRows<T, Acc>(in, dp, j0, nb, &rows);
+    if (bf16) Register(e, nb, dp);
+    std::fill(de.begin(), de.begin() + nb * dp, Acc(0));
     std::fill(db.begin(), db.begin() + nb, Acc(0));
     for (int64_t pb = 0; pb < pr.blocks; ++pb) {
       Acc* t = tile.data();
-      Gemm<Acc, I, true, false>(bf16, nb, kPb, d, e, d, pr.st.data() + pb * d * kPb, kPb, t, kPb);
+      Gemm<Acc, I, true, false>(bf16, nb, kPb, dp, e, dp, pr.st.data() + pb * dp * kPb, kPb, t,
+                                kPb);
       TileLogits<Acc, I>(pr, inv_tau, j0, nb, pb, t, cursor.data(), first.data());
       V cv[NV], lv[NV];
       for (int64_t v = 0; v < NV; ++v) {
@@ -360,23 +367,23 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
         }
       }
       // dE rows += G·S (S unscaled: the temperature is applied once, below); dS += Gᵀ-side.
-      Gemm<Acc, I, false, false>(bf16, nb, d, kPb, t, kPb, pr.sa.data() + pb * kPb * d, d,
-                                 de.data(), d);
-      Gemm<Acc, I, false, true>(bf16, kPb, d, nb, t, kPb, e, d, ds + pb * kPb * d, d);
+      Gemm<Acc, I, false, false>(bf16, nb, dp, kPb, t, kPb, pr.sa.data() + pb * kPb * dp, dp,
+                                 de.data(), dp);
+      Gemm<Acc, I, false, true>(bf16, kPb, dp, nb, t, kPb, e, dp, ds + pb * kPb * dp, dp);
     }
     // The one-hot term of the block's targets, the uniform term, the temperature.
     const auto lo = std::lower_bound(by_target.begin(), by_target.end(), j0,
                                      [&](int64_t a, int64_t j) { return pr.y[a] < j; });
     for (auto it = lo; it != by_target.end() && pr.y[*it] < j0 + nb; ++it) {
       const int64_t a = *it, j = pr.y[a] - j0;
-      for (int64_t k = 0; k < d; ++k) de[j * d + k] -= onehot[a] * pr.sa[a * d + k];
+      for (int64_t k = 0; k < d; ++k) de[j * dp + k] -= onehot[a] * pr.sa[a * dp + k];
       db[j] -= onehot[a];
     }
     for (int64_t j = 0; j < nb; ++j) {
       T* out = ditems + (j0 + j) * d;
       for (int64_t k = 0; k < d; ++k)
         out[k] = FromAcc<T, Acc>(
-            (de[j * d + k] - (uniform_de.empty() ? Acc(0) : uniform_de[k])) * inv_tau);
+            (de[j * dp + k] - (uniform_de.empty() ? Acc(0) : uniform_de[k])) * inv_tau);
       if (dbias != nullptr) dbias[j0 + j] = FromAcc<T, Acc>(db[j] - uniform_db);
     }
   }
@@ -457,7 +464,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
     uniform_de.assign(d, Acc(0));
     for (int64_t a = 0; a < pr.Pa; ++a) {
       uniform_db += uni[a];
-      for (int64_t k = 0; k < d; ++k) uniform_de[k] += uni[a] * pr.sa[a * d + k];
+      for (int64_t k = 0; k < d; ++k) uniform_de[k] += uni[a] * pr.sa[a * pr.dp + k];
     }
   }
   std::vector<int64_t> by_target(pr.Pa);
@@ -468,7 +475,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   const int64_t blocks = (N + kNb - 1) / kNb;
   const int64_t lanes =
       pr.Pa == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), blocks));
-  std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * pr.Pad * d, Acc(0));
+  std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * pr.Pad * pr.dp, Acc(0));
   if (pr.Pa == 0) {
     std::fill(ditems, ditems + N * d, FromAcc<T, Acc>(Acc(0)));
     if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<T, Acc>(Acc(0)));
@@ -476,7 +483,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   }
   ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
     for (int64_t l = l0; l < l1; ++l) {
-      Acc* dsl = ds.data() + l * pr.Pad * d;
+      Acc* dsl = ds.data() + l * pr.Pad * pr.dp;
       RECOPS_WITH_ISA((BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db,
                                                by_target, l, lanes, dsl, ditems, dbias,
                                                dextra.data())));
@@ -489,7 +496,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
       const int64_t y = pr.y[a];
       for (int64_t k = 0; k < d; ++k) {
         Acc g = 0;
-        for (int64_t l = 0; l < lanes; ++l) g += ds[(l * pr.Pad + a) * d + k];
+        for (int64_t l = 0; l < lanes; ++l) g += ds[(l * pr.Pad + a) * pr.dp + k];
         g -= onehot[a] * Val<T, Acc>(in.items, y * d + k);
         if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
         out[k] = FromAcc<T, Acc>(g * inv_tau);

@@ -27,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from recops_tf.recommender import model as model_module  # noqa: E402
 from recops_tf.recommender import training  # noqa: E402
 
 
@@ -44,7 +45,21 @@ def batches(num_items, batch, max_len, count, seed):
     return out
 
 
+def _composite_full_softmax(model, states, targets, training, read, label_smoothing):
+    """The full softmax as it was before the fused loss: the [P, num_items] logits built,
+    soft-maxed and differentiated by stock TF (the baseline of the "full-composite" rows)."""
+    logits, target = model_module._catalogue_logits(model, states, targets, training, read)
+    return model_module._cross_entropy(logits, target, label_smoothing)
+
+
 def make_case(preset, num_items, loss, fused, args):
+    if loss == "full-composite":  # traced (in the warm-up steps below) with the composite
+        fused_loss = model_module._fused_full_softmax
+        model_module._fused_full_softmax = _composite_full_softmax
+        try:
+            return make_case(preset, num_items, "full", fused, args)
+        finally:
+            model_module._fused_full_softmax = fused_loss
     per = "position" if loss == "per-position" else "sequence"
     config = training.Config.from_preset(preset, loss="sampled" if per == "position" else loss,
                                          negatives_per=per, use_fused=fused,
@@ -73,6 +88,9 @@ def main(argv=None):
     parser.add_argument("--catalogues", default="1000,1000000")
     parser.add_argument("--full-up-to", type=int, default=100_000,
                         help="also time the full softmax at catalogues up to this size")
+    parser.add_argument("--composite-up-to", type=int, default=12_000,
+                        help="also time the full softmax's stock-TF composite (the [P, N] "
+                        "logits built) at catalogues up to this size")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.catalogues.split(",")]
@@ -83,6 +101,9 @@ def main(argv=None):
             cases[("full", n, True)] = make_case(args.preset, n, "full", True, args)
             cases[("per-position", n, True)] = make_case(args.preset, n, "per-position", True,
                                                          args)
+        if n <= args.composite_up_to:
+            cases[("full-composite", n, True)] = make_case(args.preset, n, "full-composite",
+                                                           True, args)
     cases[("sampled", sizes[0], False)] = make_case(args.preset, sizes[0], "sampled", False,
                                                     args)
     times = {key: [] for key in cases}
@@ -94,10 +115,16 @@ def main(argv=None):
     median = {key: float(np.median(t)) for key, t in times.items()}
     print(f"--preset {args.preset}, batch {args.batch}, histories of 1..{args.max_len} "
           f"items, median of {args.reps} steps")
-    print(f"{'loss':<13}{'catalogue':>11}  {'build':<10}{'ms/step':>9}")
+    print(f"{'loss':<15}{'catalogue':>11}  {'build':<10}{'ms/step':>9}")
     for (loss, n, fused), t in median.items():
-        print(f"{loss:<13}{n:>11,}  {'fused' if fused else 'no-fused':<10}{t * 1e3:>9.1f}")
+        print(f"{loss:<15}{n:>11,}  {'fused' if fused else 'no-fused':<10}{t * 1e3:>9.1f}")
     for n in sizes:
+        if ("full", n, True) in median:
+            print(f"full softmax / sampled at {n:,} items: "
+                  f"{median[('full', n, True)] / median[('sampled', n, True)]:.2f}x")
+        if ("full-composite", n, True) in median:
+            print(f"full softmax, stock-TF composite / fused loss at {n:,} items: "
+                  f"{median[('full-composite', n, True)] / median[('full', n, True)]:.2f}x")
         if ("per-position", n, True) in median:
             print(f"per-position / full softmax at {n:,} items: "
                   f"{median[('per-position', n, True)] / median[('full', n, True)]:.2f}x")
