@@ -38,6 +38,7 @@ struct Prepared {
   std::vector<Acc> zy;    // [Pa] the target's logit
   std::vector<Acc> zmean;  // [Pa] the mean logit (label smoothing only)
   std::vector<Acc> colsum;  // [d] the items' column sums (label smoothing only)
+  std::vector<Acc> inv_norm;  // [N] 1 / max(|e_j|, 1e-6) with normalize_items, else empty
 };
 
 template <typename T, typename Acc>
@@ -49,6 +50,20 @@ RECOPS_INLINE Acc Val(const T* p, int64_t i) {
 template <typename T>
 bool UseBf16Gemm() {
   return std::is_same_v<T, Eigen::bfloat16> && Bf16DotPath();
+}
+
+// Item j's value k as the logits see it: l2-normalised (as tf.math.l2_normalize with epsilon
+// 1e-12) with normalize_items, then rounded back to bfloat16 for bfloat16 inputs.
+template <typename T, typename Acc>
+RECOPS_INLINE Acc ItemValue(const FlceInputs<T>& in, const Prepared<Acc>& pr, int64_t j,
+                            int64_t k) {
+  const Acc v = Val<T, Acc>(in.items, j * in.d + k);
+  if (pr.inv_norm.empty()) return v;
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
+    return RoundTo<Eigen::bfloat16, float>(v * pr.inv_norm[j]);
+  } else {
+    return v * pr.inv_norm[j];
+  }
 }
 
 template <typename T, typename Acc>
@@ -82,6 +97,17 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
       }
     }
   });
+  if (in.normalize_items) {
+    pr.inv_norm.resize(N);
+    ParallelFor(ctx, N, 4 * d + 8, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        Acc ss = 0;
+        for (int64_t k = 0; k < d; ++k) ss += Val<T, Acc>(in.items, j * d + k) *
+                                              Val<T, Acc>(in.items, j * d + k);
+        pr.inv_norm[j] = Acc(1) / std::sqrt(std::max(ss, static_cast<Acc>(1e-12)));
+      }
+    });
+  }
   if (in.bias != nullptr) {
     pr.bias.resize(N);
     for (int64_t j = 0; j < N; ++j) pr.bias[j] = Val<T, Acc>(in.bias, j);
@@ -124,7 +150,7 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
       for (int64_t c = c0; c < c1; ++c) {
         Acc* out = part.data() + c * d;
         for (int64_t j = c * N / chunks; j < (c + 1) * N / chunks; ++j) {
-          for (int64_t k = 0; k < d; ++k) out[k] += Val<T, Acc>(in.items, j * d + k);
+          for (int64_t k = 0; k < d; ++k) out[k] += ItemValue(in, pr, j, k);
         }
       }
     });
@@ -144,7 +170,7 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
       const Acc* s = pr.sa.data() + a * dp;
       const int64_t y = pr.y[a];
       Acc dot = 0;
-      for (int64_t k = 0; k < d; ++k) dot += s[k] * Val<T, Acc>(in.items, y * d + k);
+      for (int64_t k = 0; k < d; ++k) dot += s[k] * ItemValue(in, pr, y, k);
       Acc z = dot * inv_tau + (pr.bias.empty() ? Acc(0) : pr.bias[y]);
       Acc extra_sum = 0;
       for (int64_t e = pr.ex_start[a]; e < pr.ex_start[a + 1]; ++e) {
@@ -200,17 +226,16 @@ RECOPS_INLINE void Register(const Acc* base, int64_t rows, int64_t ld) {
 // A lane's view of one block of items [j0, j0 + nb): their rows as Acc, dp apart (the input
 // itself where that is already so, a converted or zero-padded copy otherwise).
 template <typename T, typename Acc>
-RECOPS_INLINE const Acc* ItemRows(const FlceInputs<T>& in, int64_t dp, int64_t j0, int64_t nb,
-                                  std::vector<Acc>* buf) {
-  const int64_t d = in.d;
+RECOPS_INLINE const Acc* ItemRows(const FlceInputs<T>& in, const Prepared<Acc>& pr, int64_t j0,
+                                  int64_t nb, std::vector<Acc>* buf) {
+  const int64_t d = in.d, dp = pr.dp;
   if constexpr (std::is_same_v<T, Acc>) {
-    if (dp == d) return in.items + j0 * d;
+    if (dp == d && pr.inv_norm.empty()) return in.items + j0 * d;
   }
   if (static_cast<int64_t>(buf->size()) < nb * dp) buf->assign(nb * dp, Acc(0));
-  const T* src = in.items + j0 * d;
   for (int64_t j = 0; j < nb; ++j) {
     Acc* row = buf->data() + j * dp;
-    for (int64_t k = 0; k < d; ++k) row[k] = ToAcc<T, Acc>(src[j * d + k]);
+    for (int64_t k = 0; k < d; ++k) row[k] = ItemValue(in, pr, j0 + j, k);
   }
   return buf->data();
 }
@@ -262,7 +287,7 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   if (bf16) Register(pr.st.data(), pr.blocks * dp, kPb);
   for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
-    const Acc* e = ItemRows<T, Acc>(in, dp, j0, nb, &rows);
+    const Acc* e = ItemRows<T, Acc>(in, pr, j0, nb, &rows);
     if (bf16) Register(e, nb, dp);
     for (int64_t pb = 0; pb < pr.blocks; ++pb) {
       Gemm<Acc, I, true, false>(bf16, nb, kPb, dp, e, dp, pr.st.data() + pb * dp * kPb, kPb,
@@ -324,7 +349,7 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
   }
   for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
-    const Acc* e = ItemRows<T, Acc>(in, dp, j0, nb, &rows);
+    const Acc* e = ItemRows<T, Acc>(in, pr, j0, nb, &rows);
     if (bf16) Register(e, nb, dp);
     std::fill(de.begin(), de.begin() + nb * dp, Acc(0));
     std::fill(db.begin(), db.begin() + nb, Acc(0));
@@ -381,9 +406,24 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
     }
     for (int64_t j = 0; j < nb; ++j) {
       T* out = ditems + (j0 + j) * d;
+      Acc* g = de.data() + j * dp;
       for (int64_t k = 0; k < d; ++k)
-        out[k] = FromAcc<T, Acc>(
-            (de[j * dp + k] - (uniform_de.empty() ? Acc(0) : uniform_de[k])) * inv_tau);
+        g[k] = (g[k] - (uniform_de.empty() ? Acc(0) : uniform_de[k])) * inv_tau;
+      if (!pr.inv_norm.empty()) {
+        // Through e / max(|e|, 1e-6): the gradient's component along e removed, scaled by
+        // the inverse norm (only scaled where the norm was clamped), as tf.math.l2_normalize.
+        const Acc inv = pr.inv_norm[j0 + j];
+        Acc ss = 0, dot = 0;
+        for (int64_t k = 0; k < d; ++k) {
+          const Acc x = Val<T, Acc>(in.items, (j0 + j) * d + k);
+          ss += x * x;
+          dot += g[k] * x;
+        }
+        const Acc along = ss < static_cast<Acc>(1e-12) ? Acc(0) : dot * inv * inv;
+        for (int64_t k = 0; k < d; ++k)
+          g[k] = inv * (g[k] - along * Val<T, Acc>(in.items, (j0 + j) * d + k));
+      }
+      for (int64_t k = 0; k < d; ++k) out[k] = FromAcc<T, Acc>(g[k]);
       if (dbias != nullptr) dbias[j0 + j] = FromAcc<T, Acc>(db[j] - uniform_db);
     }
   }
@@ -497,7 +537,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
       for (int64_t k = 0; k < d; ++k) {
         Acc g = 0;
         for (int64_t l = 0; l < lanes; ++l) g += ds[(l * pr.Pad + a) * pr.dp + k];
-        g -= onehot[a] * Val<T, Acc>(in.items, y * d + k);
+        g -= onehot[a] * ItemValue(in, pr, y, k);
         if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
         out[k] = FromAcc<T, Acc>(g * inv_tau);
       }

@@ -47,6 +47,7 @@ struct FlceInputs {
   const T* extra_values = nullptr;                    // [K]
   const T* weights = nullptr;                         // [P], or nullptr: all 1
   float temperature = 1.0f, label_smoothing = 0.0f;
+  bool normalize_items = false;  // l2-normalise the item rows block by block (no [N, d] copy)
 };
 
 // Forward: loss [P] and lse [P] (Acc: float for float / bfloat16, double for double).

@@ -33,6 +33,7 @@ class FlceBase : public OpKernel {
   explicit FlceBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("temperature", &temperature_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("label_smoothing", &label_smoothing_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("normalize_items", &normalize_items_));
     OP_REQUIRES(ctx, std::isfinite(temperature_) && temperature_ > 0.0f,
                 absl::InvalidArgumentError(
                     absl::StrCat("temperature must be positive and finite, got ", temperature_)));
@@ -100,10 +101,12 @@ class FlceBase : public OpKernel {
     in->weights = weights.dim_size(0) == 0 ? nullptr : weights.flat<T>().data();
     in->temperature = temperature_;
     in->label_smoothing = label_smoothing_;
+    in->normalize_items = normalize_items_;
     return absl::OkStatus();
   }
 
   float temperature_ = 1.0f, label_smoothing_ = 0.0f;
+  bool normalize_items_ = false;
 };
 
 template <typename T, typename Acc>

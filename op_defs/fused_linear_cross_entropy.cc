@@ -47,6 +47,7 @@ REGISTER_OP("Recops>FusedLinearCrossEntropy")
     .Attr("Tidx: {int32, int64} = DT_INT64")
     .Attr("temperature: float = 1.0")
     .Attr("label_smoothing: float = 0.0")
+    .Attr("normalize_items: bool = false")
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       ShapeHandle states, items;
       TF_RETURN_IF_ERROR(FlceShapes(c, 0, &states, &items));
@@ -60,7 +61,8 @@ Per position p of states [P, d]: z_pj = <states_p, items_j> / temperature + bias
 extra logits (extra_positions, extra_items, extra_values triples, summed) for every item j of
 items [N, d]; lse_p = logsumexp_j z_pj and loss_p = weight_p ((1 - label_smoothing)
 (lse_p - z_{p, targets_p}) + label_smoothing (lse_p - mean_j z_pj)). bias [N] or [0] (none),
-weights [P] or [0] (all 1); positions of weight 0 are skipped (loss and lse 0). Computed in
+weights [P] or [0] (all 1); positions of weight 0 are skipped (loss and lse 0). With
+normalize_items, items_j / max(|items_j|, 1e-6) replaces items_j (block by block: no copy). Computed in
 blocks of items and positions with an online logsumexp: no [P, N] buffer. Tout is float32
 for float32 and bfloat16 inputs, float64 for float64.
 )doc");
@@ -86,6 +88,7 @@ REGISTER_OP("Recops>FusedLinearCrossEntropyGrad")
     .Attr("Tidx: {int32, int64} = DT_INT64")
     .Attr("temperature: float = 1.0")
     .Attr("label_smoothing: float = 0.0")
+    .Attr("normalize_items: bool = false")
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
       ShapeHandle states, items;
       TF_RETURN_IF_ERROR(FlceShapes(c, 2, &states, &items));

@@ -78,7 +78,35 @@ def make_case(preset, num_items, loss, fused, args):
     return step, data[args.warmup:]
 
 
-def main(argv=None):
+def peak_memory(args):
+    """Peak resident memory (ru_maxrss) of a process that builds one case and runs
+    ``--warmup + --reps`` steps, for the sampled and the full softmax at the last catalogue
+    size: each in a child process of its own (a process's peak covers everything it did)."""
+    import subprocess
+    import sys
+    n = int(args.catalogues.split(",")[-1])
+    out = {}
+    for loss in ("sampled", "full"):
+        code = ("import resource, sys; sys.argv = ['bench']; import bench_recommender as b; "
+                f"args = b.parse([*{args.passthrough!r}]); "
+                f"step, data = b.make_case(args.preset, {n}, {loss!r}, True, args); "
+                "[step(*x).numpy() for x in data]; "
+                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+        if done.returncode != 0:
+            out[loss] = None
+            print(f"{loss} softmax at {n:,} items: failed ({done.returncode}): "
+                  f"{done.stderr.strip().splitlines()[-1:]}")
+            continue
+        out[loss] = int(done.stdout.split()[-1]) / 1024.0
+        print(f"{loss} softmax at {n:,} items: peak memory {out[loss]:,.0f} MiB")
+    if out.get("sampled") and out.get("full"):
+        print(f"full / sampled peak memory at {n:,} items: {out['full'] / out['sampled']:.2f}x")
+    return out
+
+
+def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="hstu", choices=sorted(training.PRESETS))
     parser.add_argument("--batch", type=int, default=128)
@@ -91,8 +119,24 @@ def main(argv=None):
     parser.add_argument("--composite-up-to", type=int, default=12_000,
                         help="also time the full softmax's stock-TF composite (the [P, N] "
                         "logits built) at catalogues up to this size")
+    parser.add_argument("--memory", action="store_true",
+                        help="instead of timing, the peak memory of the sampled and the full "
+                        "softmax at the last catalogue size, each in a process of its own")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
+    args.passthrough = [a for a in (argv if argv is not None else __import__("sys").argv[1:])
+                        if a != "--memory"]
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.memory:
+        memory = peak_memory(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "peak_mib": memory}, f, indent=1)
+        return 0
     sizes = [int(s) for s in args.catalogues.split(",")]
     cases = {}
     for n in sizes:

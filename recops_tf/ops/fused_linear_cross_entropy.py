@@ -74,8 +74,10 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
       targets: ``[P]`` int32 / int64 rows of ``items`` (ragged ``[B, (L)]`` with ragged
         states), each in ``[0, N)``.
       temperature: positive float dividing ``<s, e>``.
-      normalize: l2-normalise the states and items first (epsilon 1e-12; differentiated by
-        TensorFlow).
+      normalize: l2-normalise the states and items first (as ``tf.math.l2_normalize`` with
+        epsilon 1e-12): the states by TensorFlow, the items inside the kernel, block by block
+        (no normalised ``[N, d]`` copy, nor its gradient's; bfloat16 items are rounded to
+        bfloat16 again after normalising).
       bias: optional ``[N]`` per-item logit bias.
       extra_logits: optional sparse logits added to ``z``: a ``tf.SparseTensor`` ``[P, N]`` or
         a ``(positions, items, values)`` triple of ``[K]`` vectors (duplicates are summed). A
@@ -147,7 +149,8 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
         positions, extra_items, values = _extra_parts(extra_logits, states.dtype)
         if normalize:
             states = tf.math.l2_normalize(states, axis=-1, epsilon=1e-12)
-            items = tf.math.l2_normalize(items, axis=-1, epsilon=1e-12)
+            if not use_fused:  # the kernel normalises the items block by block
+                items = tf.math.l2_normalize(items, axis=-1, epsilon=1e-12)
         if not use_fused:
             args = reference.checked(states, items, targets, bias, positions, extra_items,
                                      values, weights)
@@ -163,7 +166,8 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
                 states, items, targets, empty if bias is None else bias, positions, extra_items,
                 values, empty if weights is None else weights,
                 Tout=tf.float64 if states.dtype == tf.float64 else tf.float32,
-                temperature=float(temperature), label_smoothing=float(label_smoothing))
+                temperature=float(temperature), label_smoothing=float(label_smoothing),
+                normalize_items=bool(normalize))
         loss, lse = rebuild(loss), rebuild(lse)
         return (loss, lse) if return_lse else loss
 
@@ -174,7 +178,8 @@ def _fused_linear_cross_entropy_grad(op, dloss, dlse):
     dloss, dlse = zeros_if_none(dloss, lse), zeros_if_none(dlse, lse)
     dstates, ditems, dbias, dvalues = lib().recops_fused_linear_cross_entropy_grad(
         dloss, dlse, *op.inputs, lse, temperature=op.get_attr("temperature"),
-        label_smoothing=op.get_attr("label_smoothing"))
+        label_smoothing=op.get_attr("label_smoothing"),
+        normalize_items=op.get_attr("normalize_items"))
     return [dstates, ditems, None, dbias, None, None, dvalues, None]
 
 

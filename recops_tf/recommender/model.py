@@ -487,9 +487,14 @@ def _fused_full_softmax(model, states, targets, training, read, label_smoothing)
     ``recops_tf.fused_linear_cross_entropy`` (the logits never built): the same loss and
     gradients as `_catalogue_logits` + `_cross_entropy`."""
     extra = _seen_logits(model, states, read) if model.seen_bias and read is not None else None
+    # With l2_norm the kernel normalises the raw rows block by block: no normalised [N, d]
+    # copy of the catalogue nor its gradient (the states, already unit vectors, are
+    # normalised again: the same values).
+    matrix = (model._raw_embed(model.catalogue, training, model.output_embedding)
+              if model.l2_norm else model.item_matrix(training))
     return fused_linear_cross_entropy(
-        states.flat_values, model.item_matrix(training), targets.flat_values - 1,
-        temperature=model.temperature, extra_logits=extra, label_smoothing=label_smoothing)
+        states.flat_values, matrix, targets.flat_values - 1, temperature=model.temperature,
+        normalize=model.l2_norm, extra_logits=extra, label_smoothing=label_smoothing)
 
 
 def _cross_entropy(logits, target_logit, label_smoothing, valid=None):

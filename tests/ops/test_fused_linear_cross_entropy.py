@@ -257,3 +257,16 @@ def test_keras_training_step_lowers_the_loss():
         opt.apply_gradients(zip(tape.gradient(loss, [states, items]), [states, items]))
         first = float(loss) if first is None else first
     assert float(loss) < 0.5 * first
+
+
+def test_normalize_numeric_gradient_and_zero_rows():
+    """normalize: the items are normalised inside the kernel; its gradient through the norm
+    (and a zero row, whose norm is clamped as tf.math.l2_normalize clamps it)."""
+    s, e, y, b, pos, items, v, w = problem(6, 9, 3, tf.float64, extras=8)
+    fused, ref = fns(y, pos, items, w, normalize=True, temperature=0.5, with_extras=True)
+    # The normalisation's curvature makes the central differences' own error ~1e-5 (the
+    # reference's numeric gradient is as far off; their analytic gradients agree to 1e-15).
+    assert_numeric_gradient(fused, [s, e, b, v], [0, 1, 3], max_error=2e-5)
+    e = tf.concat([e[:4], tf.zeros([1, 3], tf.float64), e[5:]], 0)
+    assert_matches_reference(fused, ref, [s, e, b, v], tf.float64)
+    assert_gradients_match_reference(fused, ref, [s, e, b, v], [0, 1, 3], tf.float64)
