@@ -227,3 +227,35 @@ def test_fused_full_softmax_equals_the_catalogue_logits(monkeypatch, smoothing):
     assert len(fused_grads) == len(grads) and len(grads) > 3
     for g0, g1 in zip(grads, fused_grads):
         np.testing.assert_allclose(g1, g0, rtol=1e-4, atol=1e-5 * max(np.abs(g0).max(), 1.0))
+
+
+def test_bf16_precision_puts_the_full_softmax_on_bfloat16():
+    """--precision bf16: the fused full softmax runs on bfloat16 inputs (the tiles' path)
+    and gives the float32 model's loss within bfloat16's tolerance, with float32 gradients."""
+    from recops_tf import testing
+    from recops_tf.recommender import training
+    items = tf.ragged.constant([[1, 4, 2, 7, 4], [3, 5, 6], [2, 8]], tf.int64)
+    stamps = tf.ragged.constant([[10, 20, 30, 40, 50], [5, 6, 7], [1, 2]], tf.int64)
+    values = {}
+    for precision in ("f32", "bf16"):
+        config = rec.Config.from_preset("auto", d_model=16, head_dim=16, max_seq_len=8,
+                                        loss="full", dropout_rate=0.0, seed=4,
+                                        precision=precision).check()
+        tf.keras.utils.set_random_seed(4)
+        model = training.build_model(config, 9)
+        model({"items": items[:, :1], "timestamps": stamps[:, :1]}, training=False)
+        if precision == "bf16":
+            for mine, theirs in zip(model.weights, values["f32"][1].weights):
+                mine.assign(theirs)
+        fn = tf.function(lambda: model_module.next_item_loss(model, items, stamps, "full"))
+        ops = [op for op in fn.get_concrete_function().graph.get_operations()
+               if op.type == "Recops>FusedLinearCrossEntropy"]
+        assert ops and ops[0].get_attr("T") == (tf.bfloat16 if precision == "bf16"
+                                                else tf.float32)
+        with tf.GradientTape() as tape:
+            value = fn()
+        grads = [g for g in tape.gradient(value, model.trainable_variables) if g is not None]
+        assert grads and all(g.dtype == tf.float32 for g in grads)
+        values[precision] = (float(value), model)
+    rtol, atol = testing.tolerance(tf.bfloat16, magnitude=4.0, reduction=16)
+    np.testing.assert_allclose(values["bf16"][0], values["f32"][0], rtol=rtol, atol=atol)

@@ -492,8 +492,15 @@ def _fused_full_softmax(model, states, targets, training, read, label_smoothing)
     # normalised again: the same values).
     matrix = (model._raw_embed(model.catalogue, training, model.output_embedding)
               if model.l2_norm else model.item_matrix(training))
+    flat = states.flat_values
+    if model.compute_dtype == "bfloat16":
+        # --precision bf16: the loss's GEMMs on bfloat16 (AMX tiles / AVX512-BF16 where the CPU
+        # has them); the loss comes back in float32, the gradients through the casts.
+        flat, matrix = tf.cast(flat, tf.bfloat16), tf.cast(matrix, tf.bfloat16)
+        if extra is not None:
+            extra = extra[:2] + (tf.cast(extra[2], tf.bfloat16),)
     return fused_linear_cross_entropy(
-        states.flat_values, matrix, targets.flat_values - 1, temperature=model.temperature,
+        flat, matrix, targets.flat_values - 1, temperature=model.temperature,
         normalize=model.l2_norm, extra_logits=extra, label_smoothing=label_smoothing)
 
 
