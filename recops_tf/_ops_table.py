@@ -264,6 +264,30 @@ OPS = (
         },
     ),
     OpStem(
+        stem="fused_linear_cross_entropy",
+        # Not an operator of the Rec SDK: no seed operator (docs/ops.md shows "-").
+        seed_ops=(),
+        tf_ops=("FusedLinearCrossEntropy", "FusedLinearCrossEntropyGrad"),
+        public=("fused_linear_cross_entropy",),
+        gradient="FusedLinearCrossEntropyGrad (dstates, ditems, dbias, dextra_values from "
+                 "dloss and dlse; the logits recomputed tile by tile from the forward's lse, "
+                 "never the [P, N] matrix); targets, weights and the extra logits' indices get "
+                 "none; second order not implemented (raises)",
+        reference=("fused_linear_cross_entropy",),
+        # Kernels: float32 and bfloat16 (float32 loss), float64; no float16.
+        dtypes=("float32", "bfloat16", "float64"),
+        index_dtypes=INDEX_DTYPES,
+        bound="compute",
+        bench={
+            "tiny": ({"p": 70, "n": 300, "d": 16},),
+            # 4096 positions (a batch of 32 sequences of 128) over a 12,000-item and a
+            # 100,000-item catalogue: the composite's [P, N] float32 logits are 197 MB and
+            # 1.6 GB per tensor.
+            "full": ({"p": 4096, "n": 12000, "d": 64},
+                     {"p": 4096, "n": 100000, "d": 64}),
+        },
+    ),
+    OpStem(
         stem="embedding_by_address",
         seed_ops=("cust_op_by_addr",),
         tf_ops=("DynamicEmbeddingTable", "DynamicEmbeddingLookupAddresses",

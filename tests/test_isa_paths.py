@@ -44,6 +44,7 @@ for dtype in (tf.float32, tf.bfloat16, tf.float64):
     ts = tf.RaggedTensor.from_row_lengths(tf.constant(np.arange(150) * 7, tf.int64), [70, 0, 80])
     x, u, w = t("x", 96, 40), t("u", 96, 40), t("w", 24, 40)
     tw, pw = t("tw", 16), t("pw", 2 * 80 - 1)
+    flce_targets = tf.constant(np.arange(70) * 37 % 300, tf.int64)
     fns = {
         "hstu": lambda q: rt.hstu_attention(q, q, q, max_seq_len=80, timestamps=ts,
                                             time_bias_weights=tw,
@@ -62,13 +63,21 @@ for dtype in (tf.float32, tf.bfloat16, tf.float64):
             tf.reshape(x, [48, 2, 40]), np.subtract.outer(np.arange(24), np.arange(24)) // 2)[0],
         "token_mixing": lambda x: rt.token_mixing(tf.reshape(x[:, :32], [12, 16, 16]),
                                                   tf.ones([16], dtype), tf.zeros([16], dtype)),
+        # 70 positions x 300 items, d = 32 (16 pairs of k for the AMX tiles): a whole 256-item
+        # x 64-position tile and tails of 44 items and 6 positions. se holds the states (rows
+        # 0-69) then the items, so its gradient is dstates and ditems; loss and lse both
+        # differentiated (dloss and dlse), with a bias and label smoothing.
+        "flce": lambda se: tf.stack(rt.fused_linear_cross_entropy(
+            se[:70], se[70:], flce_targets, bias=t("fb", 300), label_smoothing=0.1,
+            return_lse=True)),
     }
     ragged = {"hstu": q, "fuxi": q, "hstu_d32": q32}
+    dense = {"flce": t("se", 370, 32)}  # the inputs of the ops not fed x
     for name, fn in fns.items():
-        arg = ragged[name].flat_values if name in ragged else x
+        arg = ragged[name].flat_values if name in ragged else dense.get(name, x)
         with tf.GradientTape() as tape:
             tape.watch(arg)
-            y = fn(ragged.get(name, x))
+            y = fn(ragged.get(name, dense.get(name, x)))
             loss = tf.reduce_sum(tf.cast(y, tf.float64) ** 2)
         g = tape.gradient(loss, arg)
         g = tf.convert_to_tensor(g)

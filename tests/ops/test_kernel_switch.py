@@ -26,6 +26,8 @@ Q = _ragged([4, 0, 5], 2, 4)
 D = _t(2, 5, 2, 4)
 X, U = _t(6, 8), _t(6, 8)
 W = _t(8, 8)
+TARGETS = [0, 3, 7, 1, 2, 5]  # X's rows among W's
+FLCE_BIAS, FLCE_EXTRA = _t(8), _t(3)
 
 
 def _cases():
@@ -53,6 +55,16 @@ def _cases():
         ("norm_multiply_dropout", lambda kernel, x: norm_multiply_dropout(
             x, U, tf.ones([8]), tf.zeros([8]), dropout_rate=0.3, seed=[1, 2], kernel=kernel),
          X),
+        ("fused_linear_cross_entropy", lambda kernel, x: rt.fused_linear_cross_entropy(
+            x, W, TARGETS, kernel=kernel), X),
+        ("fused_linear_cross_entropy_options", lambda kernel, x: rt.fused_linear_cross_entropy(
+            x, W, TARGETS, temperature=0.5, bias=FLCE_BIAS,
+            extra_logits=([0, 5, 5], [2, 7, 7], FLCE_EXTRA),
+            label_smoothing=0.1, weights=[1.0, 0.0, 2.0, 1.0, 1.0, 0.5], return_lse=True,
+            kernel=kernel), X),
+        ("fused_linear_cross_entropy_ragged", lambda kernel, s: rt.fused_linear_cross_entropy(
+            s, W, tf.ragged.constant([[1, 0, 7, 3], [], [2, 2, 6]]), normalize=True,
+            kernel=kernel), _ragged([4, 0, 3], 8)),
     ]
 
 
@@ -96,6 +108,7 @@ def test_reference_kernel_in_tf_function():
     lambda: rt.in_linear_silu(X, W, tf.zeros([8]), [2, 2, 2, 2], kernel="stock"),
     lambda: ln_mul(X, U, tf.ones([8]), tf.zeros([8]), kernel=True),
     lambda: norm_multiply_dropout(X, U, tf.ones([8]), tf.zeros([8]), kernel="Fused"),
+    lambda: rt.fused_linear_cross_entropy(X, W, TARGETS, kernel="fast"),
 ])
 def test_unknown_kernel_is_a_value_error(call):
     with pytest.raises(ValueError, match="kernel must be 'fused' or 'reference'"):
@@ -118,6 +131,12 @@ def test_unknown_kernel_is_a_value_error(call):
                                           kernel=kernel), None),
     (lambda kernel: rt.in_linear_silu(X, W, tf.zeros([7]), [2, 2, 2, 2], kernel=kernel),
      "bias"),
+    (lambda kernel: rt.fused_linear_cross_entropy(X, W, [0, 3, 7, 1, 2, 8], kernel=kernel),
+     "targets"),
+    (lambda kernel: rt.fused_linear_cross_entropy(X, W, TARGETS, bias=tf.zeros([7]),
+                                                  kernel=kernel), "bias"),
+    (lambda kernel: rt.fused_linear_cross_entropy(X, W, TARGETS, extra_logits=([6], [0], [1.0]),
+                                                  kernel=kernel), "extra_positions"),
 ])
 @pytest.mark.parametrize("kernel", ["fused", "reference"])
 def test_reference_kernel_refuses_what_fused_refuses(call, message, kernel):

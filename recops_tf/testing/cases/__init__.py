@@ -8,11 +8,11 @@ Used by the benchmark (``recops_tf.bench``), the smoke run, the concurrency and 
 and ``tools/peak_memory.py``.
 """
 from recops_tf.testing.cases import (concat_jagged_tensor, disentangle_attention,
-                                     embedding_by_address, fused_lazy_adam, fused_sgd,
-                                     gather_for_rank1, hstu_dense, hstu_dense_fuxi,
-                                     in_linear_silu, ln_mul, multislice_concat,
-                                     norm_multiply_dropout, pcie_through, relative_attn_bias,
-                                     reverse_sequence, token_mixing)
+                                     embedding_by_address, fused_lazy_adam,
+                                     fused_linear_cross_entropy, fused_sgd, gather_for_rank1,
+                                     hstu_dense, hstu_dense_fuxi, in_linear_silu, ln_mul,
+                                     multislice_concat, norm_multiply_dropout, pcie_through,
+                                     relative_attn_bias, reverse_sequence, token_mixing)
 from recops_tf.testing.cases._common import Case
 
 __all__ = ["BUILDERS", "Case", "build"]
@@ -31,6 +31,7 @@ BUILDERS = {
     "token_mixing": token_mixing.build,
     "in_linear_silu": in_linear_silu.build,
     "disentangle_attention": disentangle_attention.build,
+    "fused_linear_cross_entropy": fused_linear_cross_entropy.build,
     "embedding_by_address": embedding_by_address.build,
     "fused_lazy_adam": fused_lazy_adam.build,
     "fused_sgd": fused_sgd.build,

@@ -32,6 +32,9 @@ class Case:
     # "memory" or "compute" where this case is bound otherwise than its stem's row says (the
     # paged KV-cache forward: a decode step reads the whole cache for a few queries).
     bound: str = None
+    # The dtype of the outputs (and so of the upstream gradients) where it is not the first
+    # differentiable argument's (fused_linear_cross_entropy: a float32 loss of bfloat16 inputs).
+    upstream_dtype: object = None
 
     @property
     def benchmark_baseline(self):
@@ -39,8 +42,10 @@ class Case:
 
     def upstream(self):
         """The fixed upstream gradients of a differentiable case's forward+backward: random,
-        one per output of `fused`, in the dtype of the first differentiable argument."""
-        return upstream_like(self.fused(*self.args), self.args[self.diff[0]].dtype)
+        one per output of `fused`, in the dtype of the first differentiable argument (or
+        `upstream_dtype`)."""
+        dtype = self.upstream_dtype or self.args[self.diff[0]].dtype
+        return upstream_like(self.fused(*self.args), dtype)
 
 
 def row_offsets(lengths, dtype):

@@ -51,12 +51,14 @@ def docs_text():
            "| index dtypes |",
            "|---|---|---|---|---|---|"]
     for row in _ops_table.OPS:
-        out.append(f"| {row.stem} | {', '.join(row.seed_ops)} | {', '.join(row.tf_ops)} | "
+        seed_ops = ", ".join(row.seed_ops) or "-"  # "-": not a Rec SDK operator
+        out.append(f"| {row.stem} | {seed_ops} | {', '.join(row.tf_ops)} | "
                    f"{', '.join('`' + p + '`' for p in row.public)} | {', '.join(row.dtypes)} | "
                    f"{', '.join(row.index_dtypes) or '-'} |")
     for row in _ops_table.OPS:
         out += ["", f"## {row.stem}", "",
-                f"- Seed operators: {', '.join(row.seed_ops)}",
+                "- Seed operators: "
+                + (", ".join(row.seed_ops) or "none (not a Rec SDK operator)"),
                 f"- TF ops: {', '.join('`Recops>' + t + '`' for t in row.tf_ops)}",
                 f"- Gradient: {row.gradient}",
                 "- Reference: " + ", ".join(f"`recops_tf.reference.{row.stem}.{r}`"
