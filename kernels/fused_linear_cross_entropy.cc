@@ -27,17 +27,17 @@ template <typename Acc>
 struct Prepared {
   int64_t Pa = 0, Pad = 0, blocks = 0;
   int64_t dp = 0;  // d rounded up to 16: the GEMMs' widths in whole vectors (zero columns)
-  std::vector<int64_t> rows;  // active position -> position
-  std::vector<int64_t> y;     // its target
-  std::vector<Acc> w;         // its weight
-  std::vector<Acc> sa;        // [Pad x dp]
-  std::vector<Acc> st;        // [blocks x dp x kPb]
+  std::vector<int64_t> rows;                         // active position -> position
+  std::vector<int64_t> y;                            // its target
+  std::vector<Acc> w;                                // its weight
+  std::vector<Acc> sa;                               // [Pad x dp]
+  std::vector<Acc> st;                               // [blocks x dp x kPb]
   std::vector<int64_t> ex_start, ex_item, ex_index;  // CSR [Pa + 1]; item; the triple's index
   std::vector<Acc> ex_val;
-  std::vector<Acc> bias;  // [N] or empty
-  std::vector<Acc> zy;    // [Pa] the target's logit
-  std::vector<Acc> zmean;  // [Pa] the mean logit (label smoothing only)
-  std::vector<Acc> colsum;  // [d] the items' column sums (label smoothing only)
+  std::vector<Acc> bias;      // [N] or empty
+  std::vector<Acc> zy;        // [Pa] the target's logit
+  std::vector<Acc> zmean;     // [Pa] the mean logit (label smoothing only)
+  std::vector<Acc> colsum;    // [d] the items' column sums (label smoothing only)
   std::vector<Acc> inv_norm;  // [N] 1 / max(|e_j|, 1e-6) with normalize_items, else empty
 };
 
@@ -102,8 +102,8 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
     ParallelFor(ctx, N, 4 * d + 8, [&](int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j) {
         Acc ss = 0;
-        for (int64_t k = 0; k < d; ++k) ss += Val<T, Acc>(in.items, j * d + k) *
-                                              Val<T, Acc>(in.items, j * d + k);
+        for (int64_t k = 0; k < d; ++k)
+          ss += Val<T, Acc>(in.items, j * d + k) * Val<T, Acc>(in.items, j * d + k);
         pr.inv_norm[j] = Acc(1) / std::sqrt(std::max(ss, static_cast<Acc>(1e-12)));
       }
     });
@@ -132,10 +132,10 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
     }
   }
   for (int64_t a = 0; a < pr.Pa; ++a) {
-    auto first = pr.ex_index.begin() + pr.ex_start[a], last = pr.ex_index.begin() + pr.ex_start[a + 1];
-    std::stable_sort(first, last, [&](int64_t x, int64_t z) {
-      return in.extra_items[x] < in.extra_items[z];
-    });
+    auto first = pr.ex_index.begin() + pr.ex_start[a],
+         last = pr.ex_index.begin() + pr.ex_start[a + 1];
+    std::stable_sort(first, last,
+                     [&](int64_t x, int64_t z) { return in.extra_items[x] < in.extra_items[z]; });
   }
   for (int64_t e = 0; e < kept; ++e) {
     pr.ex_item[e] = in.extra_items[pr.ex_index[e]];
@@ -270,8 +270,8 @@ RECOPS_INLINE void TileLogits(const Prepared<Acc>& pr, Acc inv_tau, int64_t j0, 
 // every sum is made in the same order from run to run), the running max m and sum
 // s of exp(z - m) of every active position over the lane's items.
 template <typename T, typename Acc, Isa I>
-RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
-                               int64_t lane, int64_t lanes, Acc* m, Acc* s) {
+RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr, int64_t lane,
+                               int64_t lanes, Acc* m, Acc* s) {
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
@@ -321,17 +321,16 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   }
 }
 
-// One lane of the backward: blocks of items lane, lane + lanes, ...; per block, every tile's G = c exp(z -
-// lse) (c = 0 on padding), the extra logits' gradients read from it, dE of the block's rows
+// One lane of the backward: blocks of items lane, lane + lanes, ...; per block, every tile's G = c
+// exp(z - lse) (c = 0 on padding), the extra logits' gradients read from it, dE of the block's rows
 // (G·S, written out with the one-hot and smoothing corrections), dbias, and dS into the lane's
 // own buffer ds [Pad x d].
 template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
                                 const std::vector<Acc>& c, const std::vector<Acc>& lse_a,
                                 const std::vector<Acc>& onehot, const std::vector<Acc>& uniform_de,
-                                Acc uniform_db, const std::vector<int64_t>& by_target,
-                                int64_t lane, int64_t lanes, Acc* ds, T* ditems, T* dbias,
-                                Acc* dextra) {
+                                Acc uniform_db, const std::vector<int64_t>& by_target, int64_t lane,
+                                int64_t lanes, Acc* ds, T* ditems, T* dbias, Acc* dextra) {
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
@@ -524,9 +523,9 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
     for (int64_t l = l0; l < l1; ++l) {
       Acc* dsl = ds.data() + l * pr.Pad * pr.dp;
-      RECOPS_WITH_ISA((BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db,
-                                               by_target, l, lanes, dsl, ditems, dbias,
-                                               dextra.data())));
+      RECOPS_WITH_ISA(
+          (BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db, by_target, l,
+                                   lanes, dsl, ditems, dbias, dextra.data())));
     }
   });
   // dS: the lanes' sums, the one-hot and uniform terms, the temperature.
@@ -552,10 +551,10 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   }
 }
 
-#define RECOPS_FLCE_INSTANTIATE_(T, Acc)                                                        \
-  template void FlceForward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&, Acc*,  \
-                                    Acc*);                                                      \
-  template void FlceBackward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&,       \
+#define RECOPS_FLCE_INSTANTIATE_(T, Acc)                                                      \
+  template void FlceForward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&, Acc*, \
+                                    Acc*);                                                    \
+  template void FlceBackward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&,      \
                                      const Acc*, const Acc*, const Acc*, T*, T*, T*, T*);
 RECOPS_FLCE_INSTANTIATE_(float, float)
 RECOPS_FLCE_INSTANTIATE_(Eigen::bfloat16, float)

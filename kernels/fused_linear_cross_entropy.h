@@ -4,10 +4,10 @@
 // holding the [P x N] logits (Cut Cross-Entropy's scheme, on CPU threads):
 //
 //  - forward: each thread (a "lane") takes blocks of items in ascending order from a shared
-//    share (every lanes-th block); per block, a tile of logits for every block of positions (one GEMM, the block's
-//    items as A so the tile is [items x positions] and its reductions run across vectors of
-//    positions), then an online logsumexp per position (a running max and sum for the lane);
-//    the lanes' partial sums are merged at the end;
+//    share (every lanes-th block); per block, a tile of logits for every block of positions (one
+//    GEMM, the block's items as A so the tile is [items x positions] and its reductions run across
+//    vectors of positions), then an online logsumexp per position (a running max and sum for the
+//    lane); the lanes' partial sums are merged at the end;
 //  - backward: the same tiles recomputed, G = c_p exp(z - lse_p) (the softmax scaled by the
 //    upstream gradient), dE[block] += Gᵀ-side GEMM with the positions' states (rows of E are
 //    the lane's own, written once), dS += G·E[block] into the lane's own [P x d] buffer (summed
@@ -41,8 +41,8 @@ struct FlceInputs {
   const T* states = nullptr;  // [P, d]
   const T* items = nullptr;   // [N, d]
   int64_t P = 0, N = 0, d = 0;
-  std::vector<int64_t> targets;  // [P]
-  const T* bias = nullptr;       // [N], or nullptr
+  std::vector<int64_t> targets;                       // [P]
+  const T* bias = nullptr;                            // [N], or nullptr
   std::vector<int64_t> extra_positions, extra_items;  // [K]
   const T* extra_values = nullptr;                    // [K]
   const T* weights = nullptr;                         // [P], or nullptr: all 1

@@ -20,8 +20,8 @@ namespace {
 absl::Status CheckIndices(const std::vector<int64_t>& v, const char* name, int64_t bound) {
   for (size_t i = 0; i < v.size(); ++i) {
     if (v[i] < 0 || v[i] >= bound) {
-      return absl::InvalidArgumentError(absl::StrCat(name, "[", i, "] = ", v[i],
-                                                     " is out of range [0, ", bound, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "[", i, "] = ", v[i], " is out of range [0, ", bound, ")"));
     }
   }
   return absl::OkStatus();
@@ -38,8 +38,8 @@ class FlceBase : public OpKernel {
                 absl::InvalidArgumentError(
                     absl::StrCat("temperature must be positive and finite, got ", temperature_)));
     OP_REQUIRES(ctx, label_smoothing_ >= 0.0f && label_smoothing_ < 1.0f,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "label_smoothing must be in [0, 1), got ", label_smoothing_)));
+                absl::InvalidArgumentError(
+                    absl::StrCat("label_smoothing must be in [0, 1), got ", label_smoothing_)));
   }
 
  protected:
@@ -75,8 +75,8 @@ class FlceBase : public OpKernel {
                                                      in->P, "), got ", targets.dim_size(0)));
     }
     if (bias.dim_size(0) != 0 && bias.dim_size(0) != in->N) {
-      return absl::InvalidArgumentError(absl::StrCat("bias must be [N] = [", in->N,
-                                                     "] or empty, got [", bias.dim_size(0), "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bias must be [N] = [", in->N, "] or empty, got [", bias.dim_size(0), "]"));
     }
     if (weights.dim_size(0) != 0 && weights.dim_size(0) != in->P) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -85,8 +85,8 @@ class FlceBase : public OpKernel {
     const int64_t K = ex_pos.dim_size(0);
     if (ex_item.dim_size(0) != K || ex_val.dim_size(0) != K) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "extra_positions, extra_items and extra_values must have the same length, got ", K,
-          ", ", ex_item.dim_size(0), " and ", ex_val.dim_size(0)));
+          "extra_positions, extra_items and extra_values must have the same length, got ", K, ", ",
+          ex_item.dim_size(0), " and ", ex_val.dim_size(0)));
     }
     TF_RETURN_IF_ERROR(ReadInt64Vector(targets, "targets", &in->targets));
     TF_RETURN_IF_ERROR(CheckIndices(in->targets, "targets", in->N));
@@ -145,24 +145,23 @@ class FlceGradOp : public FlceBase<T> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &ditems));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &dbias));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, ctx->input(8).shape(), &dextra));
-    FlceBackward<T, Acc>(ctx, in, ctx->input(0).flat<Acc>().data(),
-                         ctx->input(1).flat<Acc>().data(), ctx->input(10).flat<Acc>().data(),
-                         dstates->flat<T>().data(), ditems->flat<T>().data(),
-                         in.bias == nullptr ? nullptr : dbias->flat<T>().data(),
-                         dextra->flat<T>().data());
+    FlceBackward<T, Acc>(
+        ctx, in, ctx->input(0).flat<Acc>().data(), ctx->input(1).flat<Acc>().data(),
+        ctx->input(10).flat<Acc>().data(), dstates->flat<T>().data(), ditems->flat<T>().data(),
+        in.bias == nullptr ? nullptr : dbias->flat<T>().data(), dextra->flat<T>().data());
   }
 };
 
-#define REGISTER(T, Acc)                                                         \
-  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropy")                 \
-                              .Device(tensorflow::DEVICE_CPU)                    \
-                              .TypeConstraint<T>("T")                            \
-                              .TypeConstraint<Acc>("Tout"),                      \
-                          FlceOp<T, Acc>);                                       \
-  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropyGrad")             \
-                              .Device(tensorflow::DEVICE_CPU)                    \
-                              .TypeConstraint<T>("T")                            \
-                              .TypeConstraint<Acc>("Tout"),                      \
+#define REGISTER(T, Acc)                                             \
+  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropy")     \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<Acc>("Tout"),          \
+                          FlceOp<T, Acc>);                           \
+  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropyGrad") \
+                              .Device(tensorflow::DEVICE_CPU)        \
+                              .TypeConstraint<T>("T")                \
+                              .TypeConstraint<Acc>("Tout"),          \
                           FlceGradOp<T, Acc>);
 REGISTER(float, float)
 REGISTER(Eigen::bfloat16, float)

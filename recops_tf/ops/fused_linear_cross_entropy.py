@@ -113,7 +113,8 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
     >>> s = tf.constant([[1., 0.], [0., 1.]])
     >>> e = tf.constant([[1., 0.], [0., 1.], [1., 1.]])
     >>> loss = fused_linear_cross_entropy(s, e, [0, 2])
-    >>> ref = tf.nn.sparse_softmax_cross_entropy_with_logits([0, 2], tf.matmul(s, e, transpose_b=True))
+    >>> logits = tf.matmul(s, e, transpose_b=True)
+    >>> ref = tf.nn.sparse_softmax_cross_entropy_with_logits([0, 2], logits)
     >>> bool(tf.reduce_max(tf.abs(loss - ref)) < 1e-6)
     True
     """
