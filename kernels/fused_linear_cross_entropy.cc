@@ -27,11 +27,12 @@ template <typename Acc>
 struct Prepared {
   int64_t Pa = 0, Pad = 0, blocks = 0;
   int64_t dp = 0;  // d rounded up to 16: the GEMMs' widths in whole vectors (zero columns)
-  std::vector<int64_t> rows;                         // active position -> position
-  std::vector<int64_t> y;                            // its target
-  std::vector<Acc> w;                                // its weight
-  std::vector<Acc> sa;                               // [Pad x dp]
-  std::vector<Acc> st;                               // [blocks x dp x kPb]
+  std::vector<int64_t> rows;  // active position -> position
+  std::vector<int64_t> y;     // its target
+  std::vector<Acc> w;         // its weight
+  std::vector<Acc> sa;        // [Pad x dp]
+  std::vector<Acc> st;        // [blocks x dp x kPb]
+  bool st_scaled = false;     // st holds S / temperature (the float GEMM's path: no pass to scale)
   std::vector<int64_t> ex_start, ex_item, ex_index;  // CSR [Pa + 1]; item; the triple's index
   std::vector<Acc> ex_val;
   std::vector<Acc> bias;      // [N] or empty
@@ -86,6 +87,10 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
   const int64_t dp = pr.dp;
   pr.sa.assign(pr.Pad * dp, Acc(0));
   pr.st.assign(pr.Pad * dp, Acc(0));
+  // Off the bfloat16 GEMM (whose operands must stay exact bfloat16 values) the temperature
+  // goes into the transposed states, so a tile needs no pass to scale its logits.
+  pr.st_scaled = !UseBf16Gemm<T>();
+  const Acc st_scale = pr.st_scaled ? Acc(1) / static_cast<Acc>(in.temperature) : Acc(1);
   ParallelFor(ctx, pr.Pa, 4 * d + 8, [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
       const T* src = in.states + pr.rows[a] * d;
@@ -93,7 +98,7 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
       Acc* col = pr.st.data() + (a / kPb) * dp * kPb + a % kPb;
       for (int64_t k = 0; k < d; ++k) {
         row[k] = Val<T, Acc>(src, k);
-        col[k * kPb] = row[k];
+        col[k * kPb] = row[k] * st_scale;
       }
     }
   });
@@ -217,6 +222,14 @@ RECOPS_INLINE void Gemm(bool bf16, int64_t M, int64_t N, int64_t K, const Acc* a
   GemmAcc<Acc, I, kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
 }
 
+// The forward GEMM's depth: d itself on the float GEMM (K is its loop count, not a vector
+// width: the zero columns of dp would be multiplied for nothing), dp for bfloat16 (pairs).
+RECOPS_INLINE int64_t GemmDepth(bool bf16, int64_t d, int64_t dp) { return bf16 ? dp : d; }
+
+// Rows of a lane's transposed dS blocks [dm x kPb] off the bfloat16 path: d rounded up to the
+// GEMM's register block of 8 rows (the rows past d read zero columns of the item rows).
+RECOPS_INLINE int64_t DsRows(int64_t d) { return (d + 7) / 8 * 8; }
+
 // Bf16RegisterOperand for float buffers (the bfloat16 GEMMs' operands); nothing for double.
 template <typename Acc>
 RECOPS_INLINE void Register(const Acc* base, int64_t rows, int64_t ld) {
@@ -248,10 +261,11 @@ RECOPS_INLINE void TileLogits(const Prepared<Acc>& pr, Acc inv_tau, int64_t j0, 
                               int64_t pb, Acc* tile, int64_t* cursor, int64_t* first) {
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
-  for (int64_t j = 0; j < nb; ++j) {
+  const Acc scale = pr.st_scaled ? Acc(1) : inv_tau;
+  for (int64_t j = 0; j < nb && (scale != Acc(1) || !pr.bias.empty()); ++j) {
     const Acc b = pr.bias.empty() ? Acc(0) : pr.bias[j0 + j];
     Acc* row = tile + j * kPb;
-    for (int64_t v = 0; v < kPb; v += W) StoreVec(row + v, LoadVec<V>(row + v) * inv_tau + b);
+    for (int64_t v = 0; v < kPb; v += W) StoreVec(row + v, LoadVec<V>(row + v) * scale + b);
   }
   if (pr.ex_item.empty()) return;
   const int64_t a0 = pb * kPb, a1 = std::min(a0 + kPb, pr.Pa);
@@ -290,8 +304,8 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
     const Acc* e = ItemRows<T, Acc>(in, pr, j0, nb, &rows);
     if (bf16) Register(e, nb, dp);
     for (int64_t pb = 0; pb < pr.blocks; ++pb) {
-      Gemm<Acc, I, true, false>(bf16, nb, kPb, dp, e, dp, pr.st.data() + pb * dp * kPb, kPb,
-                                tile.data(), kPb);
+      Gemm<Acc, I, true, false>(bf16, nb, kPb, GemmDepth(bf16, in.d, dp), e, dp,
+                                pr.st.data() + pb * dp * kPb, kPb, tile.data(), kPb);
       TileLogits<Acc, I>(pr, inv_tau, j0, nb, pb, tile.data(), cursor.data(), first.data());
       V bm[NV], mm[NV], ss[NV];
       for (int64_t v = 0; v < NV; ++v) bm[v] = V{} + neg_inf;
@@ -354,8 +368,8 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
     std::fill(db.begin(), db.begin() + nb, Acc(0));
     for (int64_t pb = 0; pb < pr.blocks; ++pb) {
       Acc* t = tile.data();
-      Gemm<Acc, I, true, false>(bf16, nb, kPb, dp, e, dp, pr.st.data() + pb * dp * kPb, kPb, t,
-                                kPb);
+      Gemm<Acc, I, true, false>(bf16, nb, kPb, GemmDepth(bf16, d, dp), e, dp,
+                                pr.st.data() + pb * dp * kPb, kPb, t, kPb);
       TileLogits<Acc, I>(pr, inv_tau, j0, nb, pb, t, cursor.data(), first.data());
       V cv[NV], lv[NV];
       for (int64_t v = 0; v < NV; ++v) {
@@ -370,9 +384,11 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
           sum += g;
           StoreVec(&t[j * kPb + v * W], g);
         }
-        Acc total = 0;
-        for (int64_t l = 0; l < W; ++l) total += sum[l];
-        db[j] += total;
+        if (dbias != nullptr) {  // no horizontal sums without a bias to differentiate
+          Acc total = 0;
+          for (int64_t l = 0; l < W; ++l) total += sum[l];
+          db[j] += total;
+        }
       }
       if (!pr.ex_item.empty()) {
         const int64_t a0 = pb * kPb, a1 = std::min(a0 + kPb, pr.Pa);
@@ -393,7 +409,12 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
       // dE rows += G·S (S unscaled: the temperature is applied once, below); dS += Gᵀ-side.
       Gemm<Acc, I, false, false>(bf16, nb, dp, kPb, t, kPb, pr.sa.data() + pb * kPb * dp, dp,
                                  de.data(), dp);
-      Gemm<Acc, I, false, true>(bf16, kPb, dp, nb, t, kPb, e, dp, ds + pb * kPb * dp, dp);
+      if (bf16) {
+        Gemm<Acc, I, false, true>(bf16, kPb, dp, nb, t, kPb, e, dp, ds + pb * kPb * dp, dp);
+      } else {  // dSᵀ [dm x kPb] += Eᵀ·G: d rows (to 8), no zero columns
+        const int64_t dm = DsRows(d);
+        Gemm<Acc, I, false, true>(bf16, dm, kPb, nb, e, dp, t, kPb, ds + pb * dm * kPb, kPb);
+      }
     }
     // The one-hot term of the block's targets, the uniform term, the temperature.
     const auto lo = std::lower_bound(by_target.begin(), by_target.end(), j0,
@@ -514,7 +535,11 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   const int64_t blocks = (N + kNb - 1) / kNb;
   const int64_t lanes =
       pr.Pa == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), blocks));
-  std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * pr.Pad * pr.dp, Acc(0));
+  // The lanes' dS: [Pad x dp] rows for bfloat16, transposed blocks [blocks x dm x kPb] else.
+  const bool ds_t = !UseBf16Gemm<T>();
+  const int64_t dm = DsRows(d);
+  const int64_t ds_size = ds_t ? pr.blocks * dm * kPb : pr.Pad * pr.dp;
+  std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * ds_size, Acc(0));
   if (pr.Pa == 0) {
     std::fill(ditems, ditems + N * d, FromAcc<T, Acc>(Acc(0)));
     if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<T, Acc>(Acc(0)));
@@ -522,7 +547,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   }
   ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
     for (int64_t l = l0; l < l1; ++l) {
-      Acc* dsl = ds.data() + l * pr.Pad * pr.dp;
+      Acc* dsl = ds.data() + l * ds_size;
       RECOPS_WITH_ISA(
           (BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db, by_target, l,
                                    lanes, dsl, ditems, dbias, dextra.data())));
@@ -535,7 +560,8 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
       const int64_t y = pr.y[a];
       for (int64_t k = 0; k < d; ++k) {
         Acc g = 0;
-        for (int64_t l = 0; l < lanes; ++l) g += ds[(l * pr.Pad + a) * pr.dp + k];
+        const int64_t at = ds_t ? ((a / kPb) * dm + k) * kPb + a % kPb : a * pr.dp + k;
+        for (int64_t l = 0; l < lanes; ++l) g += ds[l * ds_size + at];
         g -= onehot[a] * ItemValue(in, pr, y, k);
         if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
         out[k] = FromAcc<T, Acc>(g * inv_tau);
