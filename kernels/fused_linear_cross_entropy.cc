@@ -193,9 +193,41 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
   return pr;
 }
 
-template <typename V, typename Acc>
+// exp of a vector of x <= 0 (a logit minus a max or a logsumexp; NaN passes). Float on
+// AVX-512: Cephes' polynomial as ExpVec, its power of two applied by vscalefps (exact, to 0
+// below -104) instead of clamping and building the exponent's bits: 4 instructions fewer a
+// vector, the price of the tiles' softmax beside their GEMMs. With kLow (the backward of
+// bfloat16 inputs, whose softmax gradient is rounded to bfloat16, 2^-9 relative, right after)
+// a degree-4 polynomial (least squares on the reduced range), relative error below 7e-6. ExpVec
+// elsewhere; std::exp for double.
+template <typename V, typename Acc, Isa I, bool kLow = false>
 RECOPS_INLINE V ExpOf(V x) {
   if constexpr (std::is_same_v<Acc, float>) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    if constexpr (I == Isa::kAvx512) {
+      typedef float V16 __attribute__((vector_size(64)));
+      x = x < -104.0f ? V{} - 104.0f : x;
+      const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+      const V n = (x * 1.44269504088896341f + magic) - magic;
+      V r = x - n * 0.693359375f;
+      r = r - n * -2.12194440e-4f;
+      V p;
+      if constexpr (kLow) {
+        p = V{} + 4.09174e-2f;
+        p = p * r + 1.6753976e-1f;
+        p = p * r + 5.0008931e-1f;
+      } else {
+        p = V{} + 1.9875691500e-4f;
+        p = p * r + 1.3981999507e-3f;
+        p = p * r + 8.3334519073e-3f;
+        p = p * r + 4.1665795894e-2f;
+        p = p * r + 1.6666665459e-1f;
+        p = p * r + 5.0000001201e-1f;
+      }
+      p = p * r * r + r + 1.0f;
+      return (V)__builtin_ia32_scalefps512_mask((V16)p, (V16)n, (V16)p, (uint16_t)0xffff, 4);
+    }
+#endif
     return ExpVec(x);
   } else {
     for (int l = 0; l < static_cast<int>(sizeof(V) / sizeof(Acc)); ++l) x[l] = std::exp(x[l]);
@@ -208,14 +240,59 @@ RECOPS_INLINE V MaxOf(V a, V b) {
   return a > b ? a : b;
 }
 
+// Columns [0, 4 W) of C (+)= A·B, R rows x 4 vectors of C in registers (AVX-512 float: 24
+// accumulators, the 4 B vectors, a broadcast): the tiles' 64 columns in one pass over A, where
+// GemmAcc's 8 x 2 blocks read A twice and load 10 values per 16 FMAs (here 10 per 24). Rows
+// past the last whole block of R go to GemmAcc. Each element is the same FMA chain over k
+// ascending as on GemmAcc's paths.
+template <typename Acc, Isa I, bool kOverwrite, bool kTransA, int R>
+RECOPS_INLINE void GemmFourVectors(int64_t M, int64_t K, const Acc* a, int64_t lda, const Acc* B,
+                                   int64_t ldb, Acc* C, int64_t ldc) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  int64_t i = 0;
+  for (; i + R <= M; i += R) {
+    V c[R][4];
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < 4; ++v)
+        c[r][v] = kOverwrite ? V{} : LoadVec<V>(C + (i + r) * ldc + v * W);
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      V b[4];
+      for (int v = 0; v < 4; ++v) b[v] = LoadVec<V>(B + k * ldb + v * W);
+      for (int r = 0; r < R; ++r) {
+        const Acc x = kTransA ? a[k * lda + i + r] : a[(i + r) * lda + k];
+        for (int v = 0; v < 4; ++v) c[r][v] += x * b[v];
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < 4; ++v) StoreVec(C + (i + r) * ldc + v * W, c[r][v]);
+    }
+  }
+  if (i < M) {
+    const Acc* rest = kTransA ? a + i : a + i * lda;
+    GemmAcc<Acc, I, kOverwrite, kTransA>(M - i, 4 * W, K, rest, lda, B, ldb, C + i * ldc, ldc);
+  }
+}
+
 // C (+)= A·B on the kernel's GEMM: the bfloat16 dot products for bfloat16 inputs where the
-// CPU has them, the register-blocked float / double GEMM otherwise.
+// CPU has them; float on AVX-512, whole 64-column blocks in GemmFourVectors; the
+// register-blocked float / double GEMM otherwise.
 template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
 RECOPS_INLINE void Gemm(bool bf16, int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
                         const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
   if constexpr (std::is_same_v<Acc, float>) {
     if (bf16) {
       GemmBf16<kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
+      return;
+    }
+    if constexpr (I == Isa::kAvx512) {
+      constexpr int64_t kCols = 4 * IsaVec<Acc, I>::kLanes;
+      int64_t n0 = 0;
+      for (; n0 + kCols <= N; n0 += kCols)
+        GemmFourVectors<Acc, I, kOverwrite, kTransA, 6>(M, K, a, lda, B + n0, ldb, C + n0, ldc);
+      if (n0 < N)
+        GemmAcc<Acc, I, kOverwrite, kTransA>(M, N - n0, K, a, lda, B + n0, ldb, C + n0, ldc);
       return;
     }
   }
@@ -319,11 +396,11 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
         mm[v] = MaxOf(old, bm[v]);
         // A position whose logits are all -inf so far keeps m = -inf and s = 0.
         mm[v] = mm[v] == neg_inf ? V{} : mm[v];
-        ss[v] = LoadVec<V>(sp + v * W) * ExpOf<V, Acc>(old - mm[v]);
+        ss[v] = LoadVec<V>(sp + v * W) * ExpOf<V, Acc, I>(old - mm[v]);
       }
       for (int64_t j = 0; j < nb; ++j) {
         for (int64_t v = 0; v < NV; ++v)
-          ss[v] += ExpOf<V, Acc>(LoadVec<V>(&tile[j * kPb + v * W]) - mm[v]);
+          ss[v] += ExpOf<V, Acc, I>(LoadVec<V>(&tile[j * kPb + v * W]) - mm[v]);
       }
       for (int64_t v = 0; v < NV; ++v) {
         StoreVec(mp + v * W, MaxOf(LoadVec<V>(mp + v * W), bm[v]));
@@ -379,7 +456,7 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
       for (int64_t j = 0; j < nb; ++j) {
         V sum = V{};
         for (int64_t v = 0; v < NV; ++v) {
-          V g = cv[v] * ExpOf<V, Acc>(LoadVec<V>(&t[j * kPb + v * W]) - lv[v]);
+          V g = cv[v] * ExpOf<V, Acc, I, kRoundG>(LoadVec<V>(&t[j * kPb + v * W]) - lv[v]);
           g = cv[v] == Acc(0) ? V{} : g;
           sum += g;
           StoreVec(&t[j * kPb + v * W], g);
