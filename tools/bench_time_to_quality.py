@@ -312,7 +312,8 @@ def main(argv=None):
                              "the reference of the ratios")
     parser.add_argument("--out", required=True, help="results.json, table.md, logs/, runs/")
     parser.add_argument("--extra-args", default="",
-                        help="flags added to every run (a smoke test; not the defaults)")
+                        help="flags added to every run (a smoke test; not the defaults); "
+                             "write --extra-args=\"--flag value\"")
     parser.add_argument("--table-only", action="store_true",
                         help="print the table of the runs already made; run nothing")
     args = parser.parse_args(argv)
