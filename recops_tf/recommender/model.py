@@ -168,6 +168,9 @@ class GenerativeRecommender(keras.Model):
     def item_embeddings(self, ids, training=None):
         """Embeddings of item ids (any shape) as the retrieval head sees them."""
         e = self._raw_embed(ids, training, self.output_embedding)  # None: the input table
+        # The head is float32 (module comment in `call`); a Keras Embedding under
+        # mixed_bfloat16 (--no-fused --precision bf16) returns its compute dtype.
+        e = tf.cast(e, tf.float32) if e.dtype != tf.float32 else e
         return tf.math.l2_normalize(e, axis=-1, epsilon=1e-12) if self.l2_norm else e
 
     # -- the encoder ------------------------------------------------------------------------
