@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from recops_tf.optimizers.lazy_adam import LazyAdam
-from recops_tf.recommender import averaging, evaluation, multiworker
+from recops_tf.recommender import averaging, evaluation, multiworker, scoring
 from recops_tf.recommender.model import (ENCODERS, LOSSES, GenerativeRecommender, last_states,
                                          next_item_loss)
 
@@ -401,44 +401,32 @@ def scorer(model):
     return score
 
 
-def ranker(model, exclude_seen):
+def ranker(model, exclude_seen, block=None):
     """A tf.function of ragged (items, timestamps) histories, ragged seen items and ``[B]``
     targets to the targets' 0-based ranks among every catalogue item, as
-    ``evaluation.ranks`` defines them (ties by item id; with `exclude_seen` the seen items
-    leave the ranking, the target stays), computed beside the scores instead of copying
-    ``[B, num_items]`` scores out (one per model and protocol, traced once)."""
-    key = f"_recops_ranker_{bool(exclude_seen)}"
+    ``evaluation.ranks`` defines them on ``model.scores`` (ties by item id; with
+    `exclude_seen` the seen items leave the ranking, the target stays), computed by blocks of
+    item columns (``scoring.blocked_ranks``: memory O(B x block), never the ``[B, num_items]``
+    scores; one per model, protocol and block, traced once)."""
+    key = f"_recops_ranker_{bool(exclude_seen)}_{block}"
     rank = getattr(model, key, None)
     if rank is None:
-        score = scorer(model)
-
         @tf.function(input_signature=[_SPEC, _SPEC, _SPEC, tf.TensorSpec([None], tf.int64)],
                      jit_compile=False)
         def rank(items, timestamps, seen, targets):
-            s = score(items, timestamps)
-            rows = tf.range(tf.shape(s, out_type=tf.int64)[0])
-            at = tf.stack([rows, targets - 1], 1)
-            target = tf.gather_nd(s, at)
-            if exclude_seen:
-                gone = tf.stack([seen.value_rowids(), seen.flat_values - 1], 1)
-                s = tf.tensor_scatter_nd_update(
-                    s, gone, tf.fill(tf.shape(gone)[:1], tf.constant(-np.inf, s.dtype)))
-                s = tf.tensor_scatter_nd_update(s, at, target)
-            ids = tf.range(1, tf.shape(s, out_type=tf.int64)[1] + 1)
-            higher = tf.reduce_sum(tf.cast(s > target[:, None], tf.int64), 1)
-            tied = tf.reduce_sum(tf.cast((s == target[:, None]) & (ids[None, :] <
-                                                                  targets[:, None]),
-                                         tf.int64), 1)
-            return higher + tied
+            return scoring.model_ranks(model, last_states(model, items, timestamps), targets,
+                                       seen=items, exclude=seen if exclude_seen else None,
+                                       block=block)
 
         setattr(model, key, rank)
     return rank
 
 
 def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=evaluation.KS,
-             group=None):
+             group=None, block=None):
     """HR@k, NDCG@k and MRR of `model` on each user's `which` ('valid' or 'test') target,
-    ranking the whole catalogue from the state after the user's (truncated) history. With a
+    ranking the whole catalogue from the state after the user's (truncated) history, by
+    blocks of `block` item columns (default: ``scoring.default_block``). With a
     `group` of R ranks, each rank ranks users ``rank, rank + R, ...`` (the same number of
     batches on every rank) and the ranks are gathered: every rank returns the metrics of
     all users."""
@@ -453,7 +441,7 @@ def evaluate(model, split, which="test", exclude_seen=False, batch_size=256, ks=
         users = users[group.rank::world]
         valid = np.arange(share) < len(users)
         users = np.concatenate([users, np.zeros(share - len(users), np.int64)])
-    rank = ranker(model, exclude_seen)
+    rank = ranker(model, exclude_seen, block)
     out = []
     for first in range(0, len(users), batch_size):
         if world > 1:
