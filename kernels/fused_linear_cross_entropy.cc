@@ -622,6 +622,13 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
     if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<T, Acc>(Acc(0)));
     return;
   }
+  // The targets' item rows as the logits see them, read before the lanes: ditems may be
+  // items' own buffer (the op forwards it when nothing else holds it), each lane writing a
+  // block's gradient over its rows once it has read them for the last time.
+  std::vector<Acc> target_rows(pr.Pa * d);
+  for (int64_t a = 0; a < pr.Pa; ++a) {
+    for (int64_t k = 0; k < d; ++k) target_rows[a * d + k] = ItemValue(in, pr, pr.y[a], k);
+  }
   ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
     for (int64_t l = l0; l < l1; ++l) {
       Acc* dsl = ds.data() + l * ds_size;
@@ -639,7 +646,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
         Acc g = 0;
         const int64_t at = ds_t ? ((a / kPb) * dm + k) * kPb + a % kPb : a * pr.dp + k;
         for (int64_t l = 0; l < lanes; ++l) g += ds[l * ds_size + at];
-        g -= onehot[a] * ItemValue(in, pr, y, k);
+        g -= onehot[a] * target_rows[a * d + k];
         if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
         out[k] = FromAcc<T, Acc>(g * inv_tau);
       }

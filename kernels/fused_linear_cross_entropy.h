@@ -54,7 +54,8 @@ struct FlceInputs {
 template <typename T, typename Acc>
 void FlceForward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc* loss, Acc* lse);
 
-// Backward: from dloss, dlse and lse [P], the gradients of states [P, d], items [N, d], bias
+// Backward: from dloss, dlse and lse [P], the gradients of states [P, d], items [N, d] (ditems
+// may be in.items' own buffer: every row is read before its gradient is written), bias
 // [N] (dbias nullptr: none) and extra_values [K].
 template <typename T, typename Acc>
 void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, const Acc* dloss,

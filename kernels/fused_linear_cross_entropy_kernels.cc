@@ -142,7 +142,11 @@ class FlceGradOp : public FlceBase<T> {
     }
     Tensor *dstates = nullptr, *ditems = nullptr, *dbias = nullptr, *dextra = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(2).shape(), &dstates));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &ditems));
+    // dItems in items' buffer where nothing else holds it (a gathered catalogue in a training
+    // step: one [N, d] tensor less at the step's peak); FlceBackward reads each item row before
+    // it writes that row's gradient.
+    OP_REQUIRES_OK(ctx,
+                   ctx->forward_input_or_allocate_output({3}, 1, ctx->input(3).shape(), &ditems));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &dbias));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, ctx->input(8).shape(), &dextra));
     FlceBackward<T, Acc>(

@@ -270,3 +270,32 @@ def test_normalize_numeric_gradient_and_zero_rows():
     e = tf.concat([e[:4], tf.zeros([1, 3], tf.float64), e[5:]], 0)
     assert_matches_reference(fused, ref, [s, e, b, v], tf.float64)
     assert_gradients_match_reference(fused, ref, [s, e, b, v], [0, 1, 3], tf.float64)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_item_gradient_in_the_items_own_buffer(dtype, normalize):
+    """In a tf.function the items are an intermediate only the op reads, so its gradient op
+    may write dItems over them (forward_input): the gradients equal the reference kernel's,
+    with the items' rows read before their gradients are written (the targets' rows too)."""
+    rng = np.random.default_rng(3)
+    raw = tf.constant(rng.standard_normal((600, 19)).astype(np.float32))
+    states = tf.constant(rng.standard_normal((130, 19)).astype(np.float32))
+    targets = tf.constant(rng.integers(0, 600, 130), tf.int64)
+
+    def grads(kernel):
+        @tf.function
+        def run():
+            with tf.GradientTape() as tape:
+                tape.watch([raw, states])
+                items = tf.cast(raw * 2.0, dtype)  # a fresh buffer, the op its only reader
+                loss = recops_tf.fused_linear_cross_entropy(
+                    tf.cast(states, dtype), items, targets, temperature=0.5,
+                    normalize=normalize, kernel=kernel)
+                total = tf.reduce_sum(loss)
+            return tape.gradient(total, [raw, states])
+        return [g.numpy() for g in run()]
+
+    for got, want in zip(grads("fused"), grads("reference")):
+        rtol, atol = (2e-2, 2e-2) if dtype == tf.bfloat16 else (1e-4, 1e-5)
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * max(np.abs(want).max(), 1))
