@@ -293,18 +293,32 @@ class GenerativeRecommender(keras.Model):
         # catalogue's logits besides the product, which a batch of rows shares (the serving
         # signature's batching saves the rest).
         logits = tf.matmul(states / self.temperature, matrix, transpose_b=True)
-        if self.seen_bias and seen is not None:
+        for rows, items, values in self.score_extras(seen, training):
+            idx = tf.stack([rows, items - 1], 1)
+            logits = tf.tensor_scatter_nd_update(
+                logits, idx, tf.gather_nd(logits, idx) + tf.cast(values, logits.dtype))
+        return logits
+
+    def score_extras(self, seen, training=None):
+        """What `scores` adds to the product, as sparse stages applied in order: a list of
+        ``(rows, items, values)`` (int64 rows of the states, item ids 1..num_items, float32
+        values; no (row, item) pair twice within a stage). The seen-item bias at each distinct
+        item of each row's ragged `seen` (with ``seen_bias``), then the transition prior of the
+        items that followed each row's last item (with ``transition_pairs``, not `training`).
+        Every scorer of the model reads them here (``scoring.model_ranks`` too), so a new term
+        reaches evaluation as it reaches ``scores``."""
+        stages = []
+        if seen is None:
+            return stages
+        if self.seen_bias:
             width = tf.constant(self.num_items + 1, tf.int64)
             keys, _ = tf.unique(seen.value_rowids() * width + seen.flat_values)
-            idx = tf.stack([keys // width, keys % width - 1], 1)
-            logits = tf.tensor_scatter_nd_update(
-                logits, idx, tf.gather_nd(logits, idx) + tf.cast(self.seen_logit, logits.dtype))
-        if self.transition_pairs and seen is not None and not training:
+            stages.append((keys // width, keys % width,
+                           tf.fill(tf.shape(keys), tf.cast(self.seen_logit, tf.float32))))
+        if self.transition_pairs and not training:
             rows, items, values = self.transitions_after(seen)
-            logits = tf.tensor_scatter_nd_add(
-                logits, tf.stack([rows, items - 1], 1),
-                tf.cast(values * self.transition_weight, logits.dtype))
-        return logits
+            stages.append((rows, items, tf.cast(values * self.transition_weight, tf.float32)))
+        return stages
 
     def get_build_config(self):
         return {"built": bool(self.built)}

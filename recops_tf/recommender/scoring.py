@@ -53,22 +53,10 @@ def default_block(rows):
 
 
 def model_extras(model, seen, training=None):
-    """The sparse stages `model`'s ``scores(states, training, seen)`` adds to the product:
-    the seen-item bias at each distinct (row, item) of ragged `seen` (with ``seen_bias``),
-    then the transition prior of the items that followed each row's last item (with
-    ``transition_pairs``, not `training`). A list of ``(rows, items, values)``."""
-    stages = []
-    if seen is None:
-        return stages
-    if model.seen_bias:
-        width = tf.constant(model.num_items + 1, tf.int64)
-        keys, _ = tf.unique(seen.value_rowids() * width + seen.flat_values)
-        stages.append((keys // width, keys % width,
-                       tf.fill(tf.shape(keys), tf.cast(model.seen_logit, tf.float32))))
-    if model.transition_pairs and not training:
-        rows, items, values = model.transitions_after(seen)
-        stages.append((rows, items, tf.cast(values * model.transition_weight, tf.float32)))
-    return stages
+    """The sparse stages `model`'s ``scores(states, training, seen)`` adds to the product
+    (``model.score_extras``: the seen-item bias, then the transition prior). A list of
+    ``(rows, items, values)``."""
+    return model.score_extras(seen, training)
 
 
 def _pairs(exclude):
