@@ -28,7 +28,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from recops_tf.recommender import model as model_module  # noqa: E402
-from recops_tf.ops.fused_lazy_adam import lazy_adam_update  # noqa: E402
 from recops_tf.recommender import training  # noqa: E402
 
 
@@ -75,17 +74,6 @@ def make_case(preset, num_items, loss, fused, args):
         for first in range(1, num_items + 1, 1 << 18):
             ids = tf.range(first, min(first + (1 << 18), num_items + 1), dtype=tf.int64)
             model.item_embedding(ids, training=True)
-            # ... and its optimizer slots written (a step at rate 0: nothing moves), as an
-            # epoch of any loss leaves them. Without it the first full-softmax step commits
-            # the slot pages of the whole table (400 MB at 1,000,000 items, d = 50) that a
-            # sampled step's few rows do not: a memory comparison of one warm-up step only.
-            for layer in {id(x): x for x in (model.item_embedding, model.output_embedding)
-                          if x is not None}.values():
-                table = layer.table
-                addresses = table.lookup_addresses(ids, training=False)
-                lazy_adam_update(table, None, None,
-                                 tf.IndexedSlices(tf.zeros([tf.size(ids), table.dim]),
-                                                  addresses), None, 0.0)
     for b in data[:args.warmup]:
         step(*b).numpy()
     return step, data[args.warmup:]
