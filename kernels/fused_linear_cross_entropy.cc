@@ -240,59 +240,14 @@ RECOPS_INLINE V MaxOf(V a, V b) {
   return a > b ? a : b;
 }
 
-// Columns [0, 4 W) of C (+)= A·B, R rows x 4 vectors of C in registers (AVX-512 float: 24
-// accumulators, the 4 B vectors, a broadcast): the tiles' 64 columns in one pass over A, where
-// GemmAcc's 8 x 2 blocks read A twice and load 10 values per 16 FMAs (here 10 per 24). Rows
-// past the last whole block of R go to GemmAcc. Each element is the same FMA chain over k
-// ascending as on GemmAcc's paths.
-template <typename Acc, Isa I, bool kOverwrite, bool kTransA, int R>
-RECOPS_INLINE void GemmFourVectors(int64_t M, int64_t K, const Acc* a, int64_t lda, const Acc* B,
-                                   int64_t ldb, Acc* C, int64_t ldc) {
-  using V = typename IsaVec<Acc, I>::type;
-  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
-  int64_t i = 0;
-  for (; i + R <= M; i += R) {
-    V c[R][4];
-    for (int r = 0; r < R; ++r) {
-      for (int v = 0; v < 4; ++v)
-        c[r][v] = kOverwrite ? V{} : LoadVec<V>(C + (i + r) * ldc + v * W);
-    }
-    for (int64_t k = 0; k < K; ++k) {
-      V b[4];
-      for (int v = 0; v < 4; ++v) b[v] = LoadVec<V>(B + k * ldb + v * W);
-      for (int r = 0; r < R; ++r) {
-        const Acc x = kTransA ? a[k * lda + i + r] : a[(i + r) * lda + k];
-        for (int v = 0; v < 4; ++v) c[r][v] += x * b[v];
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      for (int v = 0; v < 4; ++v) StoreVec(C + (i + r) * ldc + v * W, c[r][v]);
-    }
-  }
-  if (i < M) {
-    const Acc* rest = kTransA ? a + i : a + i * lda;
-    GemmAcc<Acc, I, kOverwrite, kTransA>(M - i, 4 * W, K, rest, lda, B, ldb, C + i * ldc, ldc);
-  }
-}
-
 // C (+)= A·B on the kernel's GEMM: the bfloat16 dot products for bfloat16 inputs where the
-// CPU has them; float on AVX-512, whole 64-column blocks in GemmFourVectors; the
-// register-blocked float / double GEMM otherwise.
+// CPU has them, the register-blocked float / double GEMM otherwise.
 template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
 RECOPS_INLINE void Gemm(bool bf16, int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
                         const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
   if constexpr (std::is_same_v<Acc, float>) {
     if (bf16) {
       GemmBf16<kOverwrite, kTransA>(M, N, K, a, lda, B, ldb, C, ldc);
-      return;
-    }
-    if constexpr (I == Isa::kAvx512) {
-      constexpr int64_t kCols = 4 * IsaVec<Acc, I>::kLanes;
-      int64_t n0 = 0;
-      for (; n0 + kCols <= N; n0 += kCols)
-        GemmFourVectors<Acc, I, kOverwrite, kTransA, 6>(M, K, a, lda, B + n0, ldb, C + n0, ldc);
-      if (n0 < N)
-        GemmAcc<Acc, I, kOverwrite, kTransA>(M, N - n0, K, a, lda, B + n0, ldb, C + n0, ldc);
       return;
     }
   }
