@@ -198,11 +198,13 @@ def _rows(gradient):
     return summed
 
 
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_fused_full_softmax_equals_the_catalogue_logits(monkeypatch, smoothing):
+@pytest.mark.parametrize("smoothing,graph", [(0.0, False), (0.1, False), (0.1, True)])
+def test_fused_full_softmax_equals_the_catalogue_logits(monkeypatch, smoothing, graph):
     """The full softmax through `fused_linear_cross_entropy` (the default of the fused model)
     gives the loss and every gradient of the [P, num_items] logits composite, the seen-item
-    bias (items read twice included) and label smoothing included."""
+    bias (items read twice included) and label smoothing included; in a tf.function (`graph`)
+    the table's gradient is the kernel's item gradient with the batch's rows added in place
+    (the covering lookup's InplaceAdd), the same rows as the composite's two lookups."""
     items = tf.ragged.constant([[1, 4, 2, 7, 4, 4], [3, 5, 6], [2, 8], [9]], tf.int64)
     stamps = tf.ragged.constant([[10, 20, 30, 40, 50, 60], [5, 6, 7], [1, 2], [3]], tf.int64)
     config = rec.Config.from_preset("auto", d_model=8, head_dim=8, max_seq_len=8, loss="full",
@@ -216,11 +218,21 @@ def test_fused_full_softmax_equals_the_catalogue_logits(monkeypatch, smoothing):
     out = []
     for fused in (True, False):
         monkeypatch.setattr(model, "use_fused", fused, raising=False)
-        with tf.GradientTape() as tape:
-            value = model_module.next_item_loss(model, items, stamps, "full", training=True,
-                                                label_smoothing=smoothing)
+
+        def loss_and_grads():
+            with tf.GradientTape() as tape:
+                value = model_module.next_item_loss(model, items, stamps, "full",
+                                                    training=True, label_smoothing=smoothing)
+            return value, tape.gradient(value, model.trainable_variables)
+
+        if graph:
+            fn = tf.function(loss_and_grads)
+            ops = {op.type for op in fn.get_concrete_function().graph.get_operations()}
+            assert ("InplaceAdd" in ops) == fused
+            value, grads = fn()
+        else:
+            value, grads = loss_and_grads()
         monkeypatch.setattr(model, "use_fused", True, raising=False)
-        grads = tape.gradient(value, model.trainable_variables)
         out.append((value.numpy(), [_rows(g) for g in grads if g is not None]))
     (fused_loss, fused_grads), (loss, grads) = out
     np.testing.assert_allclose(fused_loss, loss, rtol=1e-5)

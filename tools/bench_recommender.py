@@ -45,10 +45,19 @@ def batches(num_items, batch, max_len, count, seed):
     return out
 
 
-def _composite_full_softmax(model, states, targets, training, read, label_smoothing):
+def _composite_full_softmax(model, states, targets, training, read, label_smoothing,
+                            matrix=None):
     """The full softmax as it was before the fused loss: the [P, num_items] logits built,
-    soft-maxed and differentiated by stock TF (the baseline of the "full-composite" rows)."""
-    logits, target = model_module._catalogue_logits(model, states, targets, training, read)
+    soft-maxed and differentiated by stock TF (the baseline of the "full-composite" rows),
+    from the catalogue's rows the step looked up (`matrix`, raw) when it did."""
+    if matrix is None:
+        logits, target = model_module._catalogue_logits(model, states, targets, training, read)
+    else:
+        head = tf.math.l2_normalize(matrix, axis=-1, epsilon=1e-12) if model.l2_norm else matrix
+        logits = model.scores(states.flat_values, training=training, matrix=head)
+        if model.seen_bias and read is not None:
+            logits += model_module._seen_bias_full(model, states, read)
+        target = tf.gather(logits, targets.flat_values - 1, batch_dims=1)
     return model_module._cross_entropy(logits, target, label_smoothing)
 
 

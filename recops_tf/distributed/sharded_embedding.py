@@ -58,5 +58,12 @@ class ShardedEmbedding(DynamicEmbedding):
         out = tf.gather(rows_unique, position)
         return tf.reshape(out, tf.concat([tf.shape(keys), [self.dim]], 0))
 
+    def covering_lookup(self, keys, positions, training=None):
+        """The rows of `keys` and of `positions` into them, as two sharded lookups (the
+        rows live on their owners, so the single-table covering lookup does not apply)."""
+        keys = tf.convert_to_tensor(keys)
+        rows = self(keys, training=training)
+        return rows, self(tf.gather(keys, positions), training=training)
+
     def get_config(self):
         return super().get_config()  # the group is the process's, not part of the config

@@ -3,7 +3,7 @@ import keras
 import tensorflow as tf
 
 from recops_tf.ops.embedding_by_address import (DynamicEmbeddingTable, anchored_lookup,
-                                                bind_gradient_anchor)
+                                                anchored_lookup_covering, bind_gradient_anchor)
 
 
 @keras.saving.register_keras_serializable(package="recops_tf")
@@ -79,6 +79,19 @@ class DynamicEmbedding(keras.layers.Layer):
         rows elsewhere (ShardedEmbedding) overrides, after call's key handling."""
         addresses = self.table.lookup_addresses(keys, training=training)
         return anchored_lookup(self.table, addresses, self.gradient_anchor)
+
+    def covering_lookup(self, keys, positions, training=None):
+        """``(rows, rows[positions])`` for int64 `keys` ``[N]`` and `positions` ``[M]``
+        (0-based into `keys`) from one lookup whose gradient is one IndexedSlices of the ``N``
+        rows (``anchored_lookup_covering``): what a loss over every row of `keys` that also
+        reads some of them elsewhere (a full softmax over the catalogue and the batch's items
+        as inputs) uses instead of two calls, whose gradients the tape would concatenate."""
+        keys = tf.convert_to_tensor(keys)
+        if not keys.dtype.is_integer or keys.shape.rank != 1:
+            raise TypeError(f"covering_lookup takes rank-1 integer keys, got {keys.dtype.name} "
+                            f"of rank {keys.shape.rank}")
+        addresses = self.table.lookup_addresses(tf.cast(keys, tf.int64), training=bool(training))
+        return anchored_lookup_covering(self.table, addresses, self.gradient_anchor, positions)
 
     def save_own_variables(self, store):
         # .keras files: the anchor as Keras stores it, plus the table's keys and full rows.

@@ -182,7 +182,10 @@ class GenerativeRecommender(keras.Model):
         # The encoder runs in the compute dtype (bfloat16 under Keras' mixed_bfloat16 policy:
         # the fused kernels' bf16 path), the retrieval head in float32 (the item table's).
         compute = self.compute_dtype
-        x = tf.cast(self._raw_embed(items, training).flat_values, compute) * (self.d_model ** 0.5)
+        rows = inputs.get("item_rows")  # next_item_loss's covering lookup (full softmax)
+        if rows is None:
+            rows = self._raw_embed(items, training).flat_values
+        x = tf.cast(rows, compute) * (self.d_model ** 0.5)
         position = tf.ragged.range(items.row_lengths()).flat_values
         x = self.input_dropout(x + tf.cast(self.positions(position), compute), training=training)
         x = items.with_flat_values(x)
@@ -499,16 +502,18 @@ def _seen_logits(model, states, read):
     return positions, items, values
 
 
-def _fused_full_softmax(model, states, targets, training, read, label_smoothing):
+def _fused_full_softmax(model, states, targets, training, read, label_smoothing, matrix=None):
     """``[P]`` cross-entropy of the targets over the whole catalogue through
     ``recops_tf.fused_linear_cross_entropy`` (the logits never built): the same loss and
-    gradients as `_catalogue_logits` + `_cross_entropy`."""
+    gradients as `_catalogue_logits` + `_cross_entropy`. `matrix`: the catalogue's raw rows
+    when the caller looked them up (None: looked up here)."""
     extra = _seen_logits(model, states, read) if model.seen_bias and read is not None else None
     # With l2_norm the kernel normalises the raw rows block by block: no normalised [N, d]
     # copy of the catalogue nor its gradient (the states, already unit vectors, are
     # normalised again: the same values).
-    matrix = (model._raw_embed(model.catalogue, training, model.output_embedding)
-              if model.l2_norm else model.item_matrix(training))
+    if matrix is None:
+        matrix = model._raw_embed(model.catalogue, training, model.output_embedding)
+    matrix = tf.cast(matrix, tf.float32) if matrix.dtype != tf.float32 else matrix
     flat = states.flat_values
     if model.compute_dtype == "bfloat16":
         # --precision bf16: the loss's GEMMs on bfloat16 (AMX tiles / AVX512-BF16 where the CPU
@@ -566,11 +571,19 @@ def next_item_loss(model, items, timestamps, loss="sampled", negatives=None, tra
     reduce = tf.reduce_sum if reduction == "sum" else tf.reduce_mean
     inputs = {"items": items[:, :-1], "timestamps": timestamps[:, :-1]}
     targets = items[:, 1:]
+    matrix = None
+    if loss == "full" and model.use_fused and model.output_embedding is None:
+        # The catalogue's rows and the batch's items from one lookup of the shared table: its
+        # gradient is then one [num_items, d] IndexedSlices, the items' rows added into it in
+        # place, where two lookups' gradients would be concatenated (a second [num_items, d]
+        # copy at the step's peak).
+        matrix, inputs["item_rows"] = model.item_embedding.covering_lookup(
+            model.catalogue, inputs["items"].flat_values - 1, training=training)
     states = model(inputs, training=training)
     if loss == "full":
         if model.use_fused:
             return reduce(_fused_full_softmax(model, states, targets, training, inputs["items"],
-                                              label_smoothing))
+                                              label_smoothing, matrix))
         logits, target = _catalogue_logits(model, states, targets, training, inputs["items"])
         return reduce(_cross_entropy(logits, target, label_smoothing))
     pos, neg = _positives_and_negatives(model, states, targets, negatives, training,

@@ -149,3 +149,54 @@ def test_count_params_is_rows_times_dim_and_grows():
     model.summary(print_fn=lines.append)
     row = next(line for line in "\n".join(lines).splitlines() if "dynamic_embedding" in line)
     assert "1,200" in row
+
+
+def _summed_by_key(gradient):
+    """An IndexedSlices keyed by address as {address: summed row}."""
+    out = {}
+    for i, row in zip(gradient.indices.numpy(), gradient.values.numpy()):
+        out[i] = out.get(i, 0.0) + row
+    return out
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_covering_lookup_gives_one_gradient_equal_to_two_lookups(graph):
+    """covering_lookup(keys, positions) reads the same rows as two lookups and gives the
+    anchor one IndexedSlices of len(keys) rows whose sums by address are the two lookups'
+    (repeated positions accumulate); an upstream another op also reads (a broadcast) is not
+    written in place: a second call gives the same gradient."""
+    layer = DynamicEmbedding(5, seed=1)
+    keys = tf.constant([11, 12, 13, 14], tf.int64)
+    positions = tf.constant([2, 0, 2, 3, 2], tf.int64)
+    weights = tf.reshape(tf.range(25, dtype=tf.float32), [5, 5]) / 10.0
+
+    def both():
+        with tf.GradientTape() as tape:
+            rows, part = layer.covering_lookup(keys, positions, training=True)
+            loss = tf.reduce_sum(rows) + tf.reduce_sum(part * weights)
+        with tf.GradientTape() as tape2:
+            loss2 = (tf.reduce_sum(layer(keys, training=True)) +
+                     tf.reduce_sum(layer(tf.gather(keys, positions), training=True) * weights))
+        return (rows, part, tape.gradient(loss, layer.gradient_anchor),
+                tape2.gradient(loss2, layer.gradient_anchor), loss, loss2)
+
+    fn = tf.function(both) if graph else both
+    for _ in range(2):
+        rows, part, one, two, loss, loss2 = fn()
+        np.testing.assert_array_equal(part.numpy(), tf.gather(rows, positions).numpy())
+        np.testing.assert_allclose(loss.numpy(), loss2.numpy(), rtol=1e-6)
+        assert one.values.shape[0] == 4 and two.values.shape[0] == 9
+        got, want = _summed_by_key(one), _summed_by_key(two)
+        assert sorted(got) == sorted(want)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-6)
+
+
+def test_covering_lookup_checks_its_keys():
+    layer = DynamicEmbedding(3)
+    with pytest.raises(TypeError, match="rank-1 integer keys"):
+        layer.covering_lookup(tf.constant([[1, 2]], tf.int64), [0])
+    with pytest.raises(TypeError, match="rank-1 integer keys"):
+        layer.covering_lookup(tf.constant([1.0, 2.0]), [0])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        layer.covering_lookup(tf.constant([1, 2], tf.int64), [5], training=True)
