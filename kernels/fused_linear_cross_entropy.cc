@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <type_traits>
@@ -19,6 +20,9 @@ namespace recops {
 namespace {
 
 constexpr int64_t kPb = kFlcePositions, kNb = kFlceItems;
+// Rows of a tile's logits made at a time (the forward, the bfloat16 backward): 64 x 64 floats,
+// 16 KiB, which L1 holds as they are read back.
+constexpr int64_t kTileRows = 64;
 
 // What forward and backward share, in the accumulation type: the active positions (weight not
 // 0) packed, their states as [Pad x d] rows and as blocks of [d x kPb] columns, the extra
@@ -285,19 +289,29 @@ RECOPS_INLINE const Acc* ItemRows(const FlceInputs<T>& in, const Prepared<Acc>& 
   return buf->data();
 }
 
-// Logits of the tile [nb x kPb] (items x positions of block pb) in place: scaled, biased, the
-// extra logits added (cursor: the lane's next extra of each active position, advanced past
-// this block; first: where it stood, for the backward's second pass).
+// The factor zs of a tile's values to logits: 1 where st holds S / temperature, 1 / temperature
+// on the bfloat16 GEMM (whose operands must stay bfloat16 numbers): the tile holds z / zs,
+// its readers multiply by zs as they subtract the max or the logsumexp (one FMA), and no pass
+// scales it.
+template <typename Acc>
+RECOPS_INLINE Acc TileScale(const Prepared<Acc>& pr, Acc inv_tau) {
+  return pr.st_scaled ? Acc(1) : inv_tau;
+}
+
+// Logits of the tile [nb x kPb] (items x positions of block pb) in place, in units of 1 / zs
+// (TileScale): the bias and the extra logits added, divided by zs (cursor: the lane's next
+// extra of each active position, advanced past this block; first: where it stood, for the
+// backward's second pass).
 template <typename Acc, Isa I>
-RECOPS_INLINE void TileLogits(const Prepared<Acc>& pr, Acc inv_tau, int64_t j0, int64_t nb,
-                              int64_t pb, Acc* tile, int64_t* cursor, int64_t* first) {
+RECOPS_INLINE void TileLogits(const Prepared<Acc>& pr, Acc zs, int64_t j0, int64_t nb, int64_t pb,
+                              Acc* tile, int64_t* cursor, int64_t* first) {
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
-  const Acc scale = pr.st_scaled ? Acc(1) : inv_tau;
-  for (int64_t j = 0; j < nb && (scale != Acc(1) || !pr.bias.empty()); ++j) {
-    const Acc b = pr.bias.empty() ? Acc(0) : pr.bias[j0 + j];
+  const Acc unit = zs == Acc(1) ? Acc(1) : Acc(1) / zs;
+  for (int64_t j = 0; j < nb && !pr.bias.empty(); ++j) {
+    const Acc b = pr.bias[j0 + j] * unit;
     Acc* row = tile + j * kPb;
-    for (int64_t v = 0; v < kPb; v += W) StoreVec(row + v, LoadVec<V>(row + v) * scale + b);
+    for (int64_t v = 0; v < kPb; v += W) StoreVec(row + v, LoadVec<V>(row + v) + b);
   }
   if (pr.ex_item.empty()) return;
   const int64_t a0 = pb * kPb, a1 = std::min(a0 + kPb, pr.Pa);
@@ -307,7 +321,7 @@ RECOPS_INLINE void TileLogits(const Prepared<Acc>& pr, Acc inv_tau, int64_t j0, 
     while (e < end && pr.ex_item[e] < j0) ++e;
     first[a - a0] = e;
     for (; e < end && pr.ex_item[e] < j0 + nb; ++e)
-      tile[(pr.ex_item[e] - j0) * kPb + (a - a0)] += pr.ex_val[e];
+      tile[(pr.ex_item[e] - j0) * kPb + (a - a0)] += pr.ex_val[e] * unit;
     cursor[a] = e;
   }
 }
@@ -322,11 +336,11 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
   const bool bf16 = UseBf16Gemm<T>();
-  const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
+  const Acc zs = TileScale(pr, Acc(1) / static_cast<Acc>(in.temperature));
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   std::fill(m, m + pr.Pad, neg_inf);
   std::fill(s, s + pr.Pad, Acc(0));
-  std::vector<Acc> tile(kNb * kPb), rows;
+  std::vector<Acc> tile(kTileRows * kPb), rows;
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
   const int64_t dp = pr.dp;
   Bf16Item item(bf16);
@@ -336,38 +350,90 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
     const Acc* e = ItemRows<T, Acc>(in, pr, j0, nb, &rows);
     if (bf16) Register(e, nb, dp);
     for (int64_t pb = 0; pb < pr.blocks; ++pb) {
-      Gemm<Acc, I, true, false>(bf16, nb, kPb, GemmDepth(bf16, in.d, dp), e, dp,
-                                pr.st.data() + pb * dp * kPb, kPb, tile.data(), kPb);
-      TileLogits<Acc, I>(pr, inv_tau, j0, nb, pb, tile.data(), cursor.data(), first.data());
-      V bm[NV], mm[NV], ss[NV];
-      for (int64_t v = 0; v < NV; ++v) bm[v] = V{} + neg_inf;
-      for (int64_t j = 0; j < nb; ++j) {
-        for (int64_t v = 0; v < NV; ++v) bm[v] = MaxOf(bm[v], LoadVec<V>(&tile[j * kPb + v * W]));
+      // Rows of the tile kTileRows at a time: each part's logits are read back (max, then exp)
+      // while in L1.
+      for (int64_t r0 = 0; r0 < nb; r0 += kTileRows) {
+        const int64_t nr = std::min(kTileRows, nb - r0);
+        Gemm<Acc, I, true, false>(bf16, nr, kPb, GemmDepth(bf16, in.d, dp), e + r0 * dp, dp,
+                                  pr.st.data() + pb * dp * kPb, kPb, tile.data(), kPb);
+        TileLogits<Acc, I>(pr, zs, j0 + r0, nr, pb, tile.data(), cursor.data(), first.data());
+        V bm[NV], mm[NV], ss[NV];
+        for (int64_t v = 0; v < NV; ++v) bm[v] = V{} + neg_inf;
+        for (int64_t j = 0; j < nr; ++j) {
+          for (int64_t v = 0; v < NV; ++v) bm[v] = MaxOf(bm[v], LoadVec<V>(&tile[j * kPb + v * W]));
+        }
+        Acc* mp = m + pb * kPb;
+        Acc* sp = s + pb * kPb;
+        for (int64_t v = 0; v < NV; ++v) {
+          bm[v] *= zs;  // zs > 0: the max of the logits
+          const V old = LoadVec<V>(mp + v * W);
+          mm[v] = MaxOf(old, bm[v]);
+          // A position whose logits are all -inf so far keeps m = -inf and s = 0.
+          mm[v] = mm[v] == neg_inf ? V{} : mm[v];
+          ss[v] = LoadVec<V>(sp + v * W) * ExpOf<V, Acc, I>(old - mm[v]);
+        }
+        for (int64_t j = 0; j < nr; ++j) {
+          for (int64_t v = 0; v < NV; ++v)
+            ss[v] += ExpOf<V, Acc, I>(LoadVec<V>(&tile[j * kPb + v * W]) * zs - mm[v]);
+        }
+        for (int64_t v = 0; v < NV; ++v) {
+          StoreVec(mp + v * W, MaxOf(LoadVec<V>(mp + v * W), bm[v]));
+          StoreVec(sp + v * W, ss[v]);
+        }
+        // m holds the true max (-inf where there is none); s is relative to it, or to 0 where
+        // m is -inf.
       }
-      Acc* mp = m + pb * kPb;
-      Acc* sp = s + pb * kPb;
-      for (int64_t v = 0; v < NV; ++v) {
-        const V old = LoadVec<V>(mp + v * W);
-        mm[v] = MaxOf(old, bm[v]);
-        // A position whose logits are all -inf so far keeps m = -inf and s = 0.
-        mm[v] = mm[v] == neg_inf ? V{} : mm[v];
-        ss[v] = LoadVec<V>(sp + v * W) * ExpOf<V, Acc, I>(old - mm[v]);
-      }
-      for (int64_t j = 0; j < nb; ++j) {
-        for (int64_t v = 0; v < NV; ++v)
-          ss[v] += ExpOf<V, Acc, I>(LoadVec<V>(&tile[j * kPb + v * W]) - mm[v]);
-      }
-      for (int64_t v = 0; v < NV; ++v) {
-        StoreVec(mp + v * W, MaxOf(LoadVec<V>(mp + v * W), bm[v]));
-        StoreVec(sp + v * W, ss[v]);
-      }
-      // m holds the true max (-inf where there is none); s is relative to it, or to 0 where
-      // m is -inf.
     }
   }
 }
 
-// One lane of the backward: blocks of items lane, lane + lanes, ...; per block, every tile's G = c
+// The end of an item block's backward: the one-hot term of the block's targets, the uniform
+// term, the temperature (and the normalisation's Jacobian) applied to its dE rows `de` (dp
+// apart) and dbias sums `db`, written to ditems and dbias.
+template <typename T, typename Acc>
+RECOPS_INLINE void FinishItemBlock(const FlceInputs<T>& in, const Prepared<Acc>& pr,
+                                   const std::vector<Acc>& onehot,
+                                   const std::vector<Acc>& uniform_de, Acc uniform_db,
+                                   const std::vector<int64_t>& by_target, int64_t j0, int64_t nb,
+                                   Acc* de, Acc* db, T* ditems, T* dbias) {
+  const int64_t d = in.d, dp = pr.dp;
+  const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
+  {
+    const auto lo = std::lower_bound(by_target.begin(), by_target.end(), j0,
+                                     [&](int64_t a, int64_t j) { return pr.y[a] < j; });
+    for (auto it = lo; it != by_target.end() && pr.y[*it] < j0 + nb; ++it) {
+      const int64_t a = *it, j = pr.y[a] - j0;
+      for (int64_t k = 0; k < d; ++k) de[j * dp + k] -= onehot[a] * pr.sa[a * dp + k];
+      db[j] -= onehot[a];
+    }
+    for (int64_t j = 0; j < nb; ++j) {
+      T* out = ditems + (j0 + j) * d;
+      Acc* g = de + j * dp;
+      for (int64_t k = 0; k < d; ++k)
+        g[k] = (g[k] - (uniform_de.empty() ? Acc(0) : uniform_de[k])) * inv_tau;
+      if (!pr.inv_norm.empty()) {
+        // Through e / max(|e|, 1e-6): the gradient's component along e removed, scaled by
+        // the inverse norm (only scaled where the norm was clamped), as tf.math.l2_normalize.
+        const Acc inv = pr.inv_norm[j0 + j];
+        Acc ss = 0, dot = 0;
+        for (int64_t k = 0; k < d; ++k) {
+          const Acc x = Val<T, Acc>(in.items, (j0 + j) * d + k);
+          ss += x * x;
+          dot += g[k] * x;
+        }
+        const Acc along = ss < static_cast<Acc>(1e-12) ? Acc(0) : dot * inv * inv;
+        for (int64_t k = 0; k < d; ++k)
+          g[k] = inv * (g[k] - along * Val<T, Acc>(in.items, (j0 + j) * d + k));
+      }
+      for (int64_t k = 0; k < d; ++k) out[k] = FromAcc<T, Acc>(g[k]);
+      if (dbias != nullptr) dbias[j0 + j] = FromAcc<T, Acc>(db[j] - uniform_db);
+    }
+  }
+}
+
+// One lane of the backward on the float GEMM (float, double, and bfloat16 inputs where the CPU
+// has no bfloat16 dot products; BackwardLaneBf16 where it has): blocks of items lane,
+// lane + lanes, ...; per block, every tile's G = c
 // exp(z - lse) (c = 0 on padding), the extra logits' gradients read from it, dE of the block's rows
 // (G·S, written out with the one-hot and smoothing corrections), dbias, and dS into the lane's
 // own buffer ds [Pad x d].
@@ -380,29 +446,23 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
-  const bool bf16 = UseBf16Gemm<T>();
   constexpr bool kRoundG = std::is_same_v<T, Eigen::bfloat16>;
-  const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
+  const Acc zs = TileScale(pr, Acc(1) / static_cast<Acc>(in.temperature));
   const int64_t d = in.d;
   const int64_t dp = pr.dp;
+  const int64_t dm = DsRows(d);
   std::vector<Acc> tile(kNb * kPb), rows, de(kNb * dp), db(kNb);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
-  Bf16Item item(bf16);
-  if (bf16) {
-    Register(pr.st.data(), pr.blocks * dp, kPb);
-    Register(pr.sa.data(), pr.Pad, dp);
-  }
   for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
     const Acc* e = ItemRows<T, Acc>(in, pr, j0, nb, &rows);
-    if (bf16) Register(e, nb, dp);
     std::fill(de.begin(), de.begin() + nb * dp, Acc(0));
     std::fill(db.begin(), db.begin() + nb, Acc(0));
     for (int64_t pb = 0; pb < pr.blocks; ++pb) {
       Acc* t = tile.data();
-      Gemm<Acc, I, true, false>(bf16, nb, kPb, GemmDepth(bf16, d, dp), e, dp,
-                                pr.st.data() + pb * dp * kPb, kPb, t, kPb);
-      TileLogits<Acc, I>(pr, inv_tau, j0, nb, pb, t, cursor.data(), first.data());
+      Gemm<Acc, I, true, false>(false, nb, kPb, d, e, dp, pr.st.data() + pb * dp * kPb, kPb, t,
+                                kPb);
+      TileLogits<Acc, I>(pr, zs, j0, nb, pb, t, cursor.data(), first.data());
       V cv[NV], lv[NV];
       for (int64_t v = 0; v < NV; ++v) {
         cv[v] = LoadVec<V>(&c[pb * kPb + v * W]);
@@ -411,7 +471,7 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
       for (int64_t j = 0; j < nb; ++j) {
         V sum = V{};
         for (int64_t v = 0; v < NV; ++v) {
-          V g = cv[v] * ExpOf<V, Acc, I, kRoundG>(LoadVec<V>(&t[j * kPb + v * W]) - lv[v]);
+          V g = cv[v] * ExpOf<V, Acc, I, kRoundG>(LoadVec<V>(&t[j * kPb + v * W]) * zs - lv[v]);
           g = cv[v] == Acc(0) ? V{} : g;
           sum += g;
           StoreVec(&t[j * kPb + v * W], g);
@@ -438,46 +498,174 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
           }
         }
       }
-      // dE rows += G·S (S unscaled: the temperature is applied once, below); dS += Gᵀ-side.
-      Gemm<Acc, I, false, false>(bf16, nb, dp, kPb, t, kPb, pr.sa.data() + pb * kPb * dp, dp,
+      // dE rows += G·S (S unscaled: the temperature is applied once, below); dSᵀ [dm x kPb]
+      // += Eᵀ·G: d rows (to 8), no zero columns.
+      Gemm<Acc, I, false, false>(false, nb, dp, kPb, t, kPb, pr.sa.data() + pb * kPb * dp, dp,
                                  de.data(), dp);
-      if (bf16) {
-        Gemm<Acc, I, false, true>(bf16, kPb, dp, nb, t, kPb, e, dp, ds + pb * kPb * dp, dp);
-      } else {  // dSᵀ [dm x kPb] += Eᵀ·G: d rows (to 8), no zero columns
-        const int64_t dm = DsRows(d);
-        Gemm<Acc, I, false, true>(bf16, dm, kPb, nb, e, dp, t, kPb, ds + pb * dm * kPb, kPb);
+      Gemm<Acc, I, false, true>(false, dm, kPb, nb, e, dp, t, kPb, ds + pb * dm * kPb, kPb);
+    }
+    FinishItemBlock(in, pr, onehot, uniform_de, uniform_db, by_target, j0, nb, de.data(), db.data(),
+                    ditems, dbias);
+  }
+}
+
+// The rounded bfloat16 forms of a float vector's lanes, each in the high half of its 32 bits
+// (the low half zero).
+template <typename V>
+RECOPS_INLINE auto Bf16Bits(V x) {
+  typedef uint32_t Vu __attribute__((vector_size(sizeof(V))));
+  return reinterpret_cast<Vu>(RoundVecTo<Eigen::bfloat16>(x));
+}
+
+// Pairs of consecutive values of the 2W bfloat16 forms lo ++ hi (Bf16Bits): lane q holds values
+// 2q (low half) and 2q + 1 (high half), GemmBf16Packed's pairs along k.
+template <typename Vu>
+RECOPS_INLINE Vu PairsAlong(Vu lo, Vu hi) {
+  constexpr int64_t W = sizeof(Vu) / sizeof(uint32_t);
+  if constexpr (W == 16) {
+    const Vu even =
+        __builtin_shuffle(lo, hi, Vu{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30});
+    const Vu odd =
+        __builtin_shuffle(lo, hi, Vu{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
+    return (even >> 16) | (odd & 0xffff0000u);
+  } else {
+    Vu out{};
+    for (int64_t q = 0; q < W; ++q) {
+      const uint32_t x0 = q < W / 2 ? lo[2 * q] : hi[2 * q - W];
+      const uint32_t x1 = q < W / 2 ? lo[2 * q + 1] : hi[2 * q + 1 - W];
+      out[q] = (x0 >> 16) | (x1 & 0xffff0000u);
+    }
+    return out;
+  }
+}
+
+// Position blocks whose softmax gradient rows a bfloat16 lane keeps for one dE product: 2,048
+// positions, 1 MiB of pairs for a block of 256 items.
+constexpr int64_t kDeChunk = 32;
+
+// BackwardLane for bfloat16 inputs on the CPU's bfloat16 dot products (Bf16DotPath). The
+// softmax gradient G is rounded and paired as it is computed, never written as floats: along
+// positions (dE = G·S's A: the rows of kDeChunk position blocks, multiplied once, their
+// accumulator read and written once per chunk instead of per tile) and across items (dSᵀ =
+// Eᵀ·G's B, with Eᵀ's pairs made once per item block). `sap`: S's pairs along positions
+// [Pad / 2 x dp]; ds: dSᵀ blocks [blocks x dp x kPb].
+template <Isa I>
+RECOPS_INLINE void BackwardLaneBf16(
+    const FlceInputs<Eigen::bfloat16>& in, const Prepared<float>& pr, const std::vector<float>& c,
+    const std::vector<float>& lse_a, const std::vector<float>& onehot,
+    const std::vector<float>& uniform_de, float uniform_db, const std::vector<int64_t>& by_target,
+    int64_t lane, int64_t lanes, const uint32_t* sap, float* ds, Eigen::bfloat16* ditems,
+    Eigen::bfloat16* dbias, float* dextra) {
+  using V = typename IsaVec<float, I>::type;
+  typedef uint32_t Vu __attribute__((vector_size(sizeof(V))));
+  constexpr int64_t W = IsaVec<float, I>::kLanes;
+  constexpr int64_t NV = kPb / W;
+  static_assert(NV % 2 == 0, "pairs of position vectors");
+  const float zs = TileScale(pr, 1.0f / in.temperature);
+  const int64_t dp = pr.dp, half = kPb / 2, nh_max = kNb / 2;
+  const int64_t chunk = std::min(pr.blocks, kDeChunk), ldg = chunk * half;
+  std::vector<float> tile(kTileRows * kPb), rows, de(kNb * dp), db(kNb);
+  std::vector<uint32_t> gp(kNb * ldg), gv(nh_max * kPb), et(dp * nh_max);
+  std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
+  Bf16Item item(true);
+  Register(pr.st.data(), pr.blocks * dp, kPb);
+  for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
+    const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0), nh = (nb + 1) / 2;
+    const float* e = ItemRows<Eigen::bfloat16, float>(in, pr, j0, nb, &rows);
+    Register(e, nb, dp);
+    // Eᵀ's pairs of items (bfloat16 numbers: their forms are their bits' high halves).
+    for (int64_t jj = 0; jj < nh; ++jj) {
+      const float* r0 = e + 2 * jj * dp;
+      const float* r1 = 2 * jj + 1 < nb ? r0 + dp : nullptr;
+      for (int64_t k = 0; k < dp; ++k) {
+        uint32_t x0, x1 = 0;
+        std::memcpy(&x0, r0 + k, 4);
+        if (r1 != nullptr) std::memcpy(&x1, r1 + k, 4);
+        et[k * nh_max + jj] = (x0 >> 16) | (x1 & 0xffff0000u);
       }
     }
-    // The one-hot term of the block's targets, the uniform term, the temperature.
-    const auto lo = std::lower_bound(by_target.begin(), by_target.end(), j0,
-                                     [&](int64_t a, int64_t j) { return pr.y[a] < j; });
-    for (auto it = lo; it != by_target.end() && pr.y[*it] < j0 + nb; ++it) {
-      const int64_t a = *it, j = pr.y[a] - j0;
-      for (int64_t k = 0; k < d; ++k) de[j * dp + k] -= onehot[a] * pr.sa[a * dp + k];
-      db[j] -= onehot[a];
-    }
-    for (int64_t j = 0; j < nb; ++j) {
-      T* out = ditems + (j0 + j) * d;
-      Acc* g = de.data() + j * dp;
-      for (int64_t k = 0; k < d; ++k)
-        g[k] = (g[k] - (uniform_de.empty() ? Acc(0) : uniform_de[k])) * inv_tau;
-      if (!pr.inv_norm.empty()) {
-        // Through e / max(|e|, 1e-6): the gradient's component along e removed, scaled by
-        // the inverse norm (only scaled where the norm was clamped), as tf.math.l2_normalize.
-        const Acc inv = pr.inv_norm[j0 + j];
-        Acc ss = 0, dot = 0;
-        for (int64_t k = 0; k < d; ++k) {
-          const Acc x = Val<T, Acc>(in.items, (j0 + j) * d + k);
-          ss += x * x;
-          dot += g[k] * x;
+    std::fill(db.begin(), db.begin() + nb, 0.0f);
+    for (int64_t pb0 = 0; pb0 < pr.blocks; pb0 += chunk) {
+      const int64_t pbn = std::min(chunk, pr.blocks - pb0);
+      for (int64_t pb = pb0; pb < pb0 + pbn; ++pb) {
+        V cv[NV], lv[NV];
+        for (int64_t v = 0; v < NV; ++v) {
+          cv[v] = LoadVec<V>(&c[pb * kPb + v * W]);
+          lv[v] = LoadVec<V>(&lse_a[pb * kPb + v * W]);
         }
-        const Acc along = ss < static_cast<Acc>(1e-12) ? Acc(0) : dot * inv * inv;
-        for (int64_t k = 0; k < d; ++k)
-          g[k] = inv * (g[k] - along * Val<T, Acc>(in.items, (j0 + j) * d + k));
+        uint32_t* gcol = gp.data() + (pb - pb0) * half;
+        // Rows of the tile kTileRows at a time (even: pairs of items), read back while in L1.
+        for (int64_t r0 = 0; r0 < nb; r0 += kTileRows) {
+          const int64_t nr = std::min(kTileRows, nb - r0);
+          float* t = tile.data();
+          Gemm<float, I, true, false>(true, nr, kPb, dp, e + r0 * dp, dp,
+                                      pr.st.data() + pb * dp * kPb, kPb, t, kPb);
+          TileLogits<float, I>(pr, zs, j0 + r0, nr, pb, t, cursor.data(), first.data());
+          for (int64_t i = 0; i < nr; i += 2) {
+            const int64_t j = r0 + i;
+            const bool pair = i + 1 < nr;
+            Vu g0[NV], g1[NV];
+            V sum0 = V{}, sum1 = V{};
+            for (int64_t v = 0; v < NV; ++v) {
+              V g = cv[v] * ExpOf<V, float, I, true>(LoadVec<V>(&t[i * kPb + v * W]) * zs - lv[v]);
+              g = cv[v] == 0.0f ? V{} : g;
+              sum0 += g;
+              g0[v] = Bf16Bits(g);
+              if (pair) {
+                V h = cv[v] *
+                      ExpOf<V, float, I, true>(LoadVec<V>(&t[(i + 1) * kPb + v * W]) * zs - lv[v]);
+                h = cv[v] == 0.0f ? V{} : h;
+                sum1 += h;
+                g1[v] = Bf16Bits(h);
+              } else {
+                g1[v] = Vu{};
+              }
+              const Vu across = (g0[v] >> 16) | (g1[v] & 0xffff0000u);
+              std::memcpy(&gv[(j / 2) * kPb + v * W], &across, sizeof(Vu));
+            }
+            for (int64_t v = 0; v < NV; v += 2) {
+              const Vu p0 = PairsAlong(g0[v], g0[v + 1]);
+              std::memcpy(gcol + j * ldg + v * W / 2, &p0, sizeof(Vu));
+              if (pair) {
+                const Vu p1 = PairsAlong(g1[v], g1[v + 1]);
+                std::memcpy(gcol + (j + 1) * ldg + v * W / 2, &p1, sizeof(Vu));
+              }
+            }
+            if (dbias != nullptr) {
+              float total0 = 0, total1 = 0;
+              for (int64_t l = 0; l < W; ++l) {
+                total0 += sum0[l];
+                total1 += sum1[l];
+              }
+              db[j] += total0;
+              if (pair) db[j + 1] += total1;
+            }
+          }
+          if (!pr.ex_item.empty()) {  // the extra logits' gradients, from the part's logits
+            const int64_t a0 = pb * kPb, a1 = std::min(a0 + kPb, pr.Pa);
+            for (int64_t a = a0; a < a1; ++a) {
+              for (int64_t x = first[a - a0]; x < cursor[a]; ++x) {
+                const float z = t[(pr.ex_item[x] - j0 - r0) * kPb + (a - a0)] * zs;
+                dextra[x] = c[a] == 0.0f ? 0.0f : c[a] * std::exp(z - lse_a[a]);
+              }
+            }
+          }
+        }
+        // dSᵀ [dp x kPb] += Eᵀ·G over the block's items.
+        GemmBf16Packed<false>(dp, kPb, nh, et.data(), nh_max, gv.data(), kPb, ds + pb * dp * kPb,
+                              kPb);
       }
-      for (int64_t k = 0; k < d; ++k) out[k] = FromAcc<T, Acc>(g[k]);
-      if (dbias != nullptr) dbias[j0 + j] = FromAcc<T, Acc>(db[j] - uniform_db);
+      // dE (+)= G·S over the chunk's positions (S unscaled: the temperature comes below).
+      if (pb0 == 0) {
+        GemmBf16Packed<true>(nb, dp, pbn * half, gp.data(), ldg, sap + pb0 * half * dp, dp,
+                             de.data(), dp);
+      } else {
+        GemmBf16Packed<false>(nb, dp, pbn * half, gp.data(), ldg, sap + pb0 * half * dp, dp,
+                              de.data(), dp);
+      }
     }
+    FinishItemBlock(in, pr, onehot, uniform_de, uniform_db, by_target, j0, nb, de.data(), db.data(),
+                    ditems, dbias);
   }
 }
 
@@ -567,10 +755,11 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   const int64_t blocks = (N + kNb - 1) / kNb;
   const int64_t lanes =
       pr.Pa == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), blocks));
-  // The lanes' dS: [Pad x dp] rows for bfloat16, transposed blocks [blocks x dm x kPb] else.
-  const bool ds_t = !UseBf16Gemm<T>();
-  const int64_t dm = DsRows(d);
-  const int64_t ds_size = ds_t ? pr.blocks * dm * kPb : pr.Pad * pr.dp;
+  // The lanes' dS, transposed blocks [blocks x dm x kPb]: d rows rounded to 8 on the float
+  // GEMM, dp on the bfloat16 one (its tiles' 16).
+  const bool bf16 = UseBf16Gemm<T>();
+  const int64_t dm = bf16 ? pr.dp : DsRows(d);
+  const int64_t ds_size = pr.blocks * dm * kPb;
   std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * ds_size, Acc(0));
   if (pr.Pa == 0) {
     std::fill(ditems, ditems + N * d, FromAcc<T, Acc>(Acc(0)));
@@ -584,9 +773,30 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   for (int64_t a = 0; a < pr.Pa; ++a) {
     for (int64_t k = 0; k < d; ++k) target_rows[a * d + k] = ItemValue(in, pr, pr.y[a], k);
   }
+  // bfloat16 dot products: S's pairs along positions, dE's B operand, shared by the lanes.
+  std::vector<uint32_t> sap;
+  if (bf16) {
+    sap.resize(pr.Pad / 2 * pr.dp);
+    for (int64_t pp = 0; pp < pr.Pad / 2; ++pp) {
+      for (int64_t k = 0; k < pr.dp; ++k) {
+        uint32_t x0, x1;
+        std::memcpy(&x0, &pr.sa[2 * pp * pr.dp + k], 4);
+        std::memcpy(&x1, &pr.sa[(2 * pp + 1) * pr.dp + k], 4);
+        sap[pp * pr.dp + k] = (x0 >> 16) | (x1 & 0xffff0000u);
+      }
+    }
+  }
   ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
     for (int64_t l = l0; l < l1; ++l) {
       Acc* dsl = ds.data() + l * ds_size;
+      if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
+        if (bf16) {
+          RECOPS_WITH_ISA(
+              (BackwardLaneBf16<I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db, by_target, l,
+                                   lanes, sap.data(), dsl, ditems, dbias, dextra.data())));
+          continue;
+        }
+      }
       RECOPS_WITH_ISA(
           (BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db, by_target, l,
                                    lanes, dsl, ditems, dbias, dextra.data())));
@@ -596,10 +806,9 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   ParallelFor(ctx, pr.Pa, (lanes + 2) * d * 4, [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
       T* out = dstates + pr.rows[a] * d;
-      const int64_t y = pr.y[a];
       for (int64_t k = 0; k < d; ++k) {
         Acc g = 0;
-        const int64_t at = ds_t ? ((a / kPb) * dm + k) * kPb + a % kPb : a * pr.dp + k;
+        const int64_t at = ((a / kPb) * dm + k) * kPb + a % kPb;
         for (int64_t l = 0; l < lanes; ++l) g += ds[l * ds_size + at];
         g -= onehot[a] * target_rows[a * d + k];
         if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];

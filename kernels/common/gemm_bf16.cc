@@ -503,6 +503,33 @@ void VectorColumns(int64_t M, int64_t n_begin, int64_t N, int64_t kh, const uint
   if (n0 < np) Columns<1, kOverwrite>(M, kh, ap, si, sk, bp + n0, ldbp, C + n0, ldc, Lanes(N - n0));
 }
 
+// C (+)= A · B from packed operands (A's pair kk of row i at ap[i * si + kk * sk], B's pair row
+// kk at bp[kk * ldbp]) over kh pairs of k: the whole 16 x 16 blocks on Tiles where there are
+// any (sk 1), their last pairs of k (fewer than 16) in vectors, then the columns right of them
+// and the rows below them in vectors.
+template <class Tiles, bool kOverwrite>
+void MultiplyPacked(int64_t M, int64_t N, int64_t kh, const uint32_t* ap, int64_t si, int64_t sk,
+                    const uint32_t* bp, int64_t ldbp, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  const int64_t M16 = M / 16 * 16, N16 = N / 16 * 16, kh16 = kh / 16 * 16;
+  if constexpr (!std::is_same_v<Tiles, NoTiles>) {
+    if (sk == 1 && M16 > 0 && N16 > 0 && kh16 > 0) {
+      TileBlocks<Tiles, kOverwrite>(M16, N16, kh16, ap, si, bp, ldbp, C, ldc);
+      if (kh16 < kh) {
+        VectorColumns<false>(M16, 0, N16, kh - kh16, ap + kh16, si, sk, bp + kh16 * ldbp, ldbp, C,
+                             ldc);
+      }
+      if (N16 < N) VectorColumns<kOverwrite>(M16, N16, N, kh, ap, si, sk, bp, ldbp, C, ldc);
+      if (M16 < M) {
+        VectorColumns<kOverwrite>(M - M16, 0, N, kh, ap + M16 * si, si, sk, bp, ldbp, C + M16 * ldc,
+                                  ldc);
+      }
+      return;
+    }
+  }
+  VectorColumns<kOverwrite>(M, 0, N, kh, ap, si, sk, bp, ldbp, C, ldc);
+}
+
 // GemmBf16 with its whole 16 x 16 blocks on Tiles (AmxTiles or EmulatedTiles; or NoTiles:
 // vectors only).
 template <class Tiles, bool kOverwrite, bool kTransA>
@@ -574,24 +601,7 @@ void GemmBf16With(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, 
       PackRowPairs(B, ldb, K, 2 * kk, N, np, packs.b.data() + kk * np);
     bp = packs.b.data();
   }
-  if constexpr (kHasTiles) {
-    if (tiles) {
-      // The 16-aligned block on tiles, its last pairs of k (fewer than 16) in vectors; then the
-      // columns right of it and the rows below it in vectors.
-      TileBlocks<Tiles, kOverwrite>(M16, N16, kh16, ap, si, bp, ldbp, C, ldc);
-      if (kh16 < kh) {
-        VectorColumns<false>(M16, 0, N16, kh - kh16, ap + kh16, si, sk, bp + kh16 * ldbp, ldbp, C,
-                             ldc);
-      }
-      if (N16 < N) VectorColumns<kOverwrite>(M16, N16, N, kh, ap, si, sk, bp, ldbp, C, ldc);
-      if (M16 < M) {
-        VectorColumns<kOverwrite>(M - M16, 0, N, kh, ap + M16 * si, si, sk, bp, ldbp, C + M16 * ldc,
-                                  ldc);
-      }
-      return;
-    }
-  }
-  VectorColumns<kOverwrite>(M, 0, N, kh, ap, si, sk, bp, ldbp, C, ldc);
+  MultiplyPacked<Tiles, kOverwrite>(M, N, kh, ap, si, sk, bp, ldbp, C, ldc);
 }
 
 }  // namespace
@@ -631,6 +641,22 @@ void Bf16ReleaseTiles() {
   AmxTiles::Configured() = false;
   EmulatedTiles::Configured() = false;
 }
+
+template <bool kOverwrite>
+void GemmBf16Packed(int64_t M, int64_t N, int64_t kh, const uint32_t* ap, int64_t si,
+                    const uint32_t* bp, int64_t ldbp, float* C, int64_t ldc) {
+  if (AmxPath() && !AmxEmulated()) {
+    MultiplyPacked<AmxTiles, kOverwrite>(M, N, kh, ap, si, 1, bp, ldbp, C, ldc);
+  } else if (AmxPath()) {
+    MultiplyPacked<EmulatedTiles, kOverwrite>(M, N, kh, ap, si, 1, bp, ldbp, C, ldc);
+  } else {
+    MultiplyPacked<NoTiles, kOverwrite>(M, N, kh, ap, si, 1, bp, ldbp, C, ldc);
+  }
+}
+template void GemmBf16Packed<false>(int64_t, int64_t, int64_t, const uint32_t*, int64_t,
+                                    const uint32_t*, int64_t, float*, int64_t);
+template void GemmBf16Packed<true>(int64_t, int64_t, int64_t, const uint32_t*, int64_t,
+                                   const uint32_t*, int64_t, float*, int64_t);
 
 template <bool kOverwrite, bool kTransA>
 void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
@@ -672,6 +698,15 @@ template void GemmBf16<true, false>(int64_t, int64_t, int64_t, const float*, int
                                     int64_t, float*, int64_t);
 template void GemmBf16<true, true>(int64_t, int64_t, int64_t, const float*, int64_t, const float*,
                                    int64_t, float*, int64_t);
+template <bool kOverwrite>
+void GemmBf16Packed(int64_t, int64_t, int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t,
+                    float*, int64_t) {
+  std::abort();  // unreachable: callers check Bf16DotPath(), false without GCC on x86-64
+}
+template void GemmBf16Packed<false>(int64_t, int64_t, int64_t, const uint32_t*, int64_t,
+                                    const uint32_t*, int64_t, float*, int64_t);
+template void GemmBf16Packed<true>(int64_t, int64_t, int64_t, const uint32_t*, int64_t,
+                                   const uint32_t*, int64_t, float*, int64_t);
 #endif
 
 }  // namespace recops

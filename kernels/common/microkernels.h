@@ -291,6 +291,15 @@ class Bf16Item {
 template <bool kOverwrite = false, bool kTransA = false>
 void GemmBf16(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* B,
               int64_t ldb, float* C, int64_t ldc);
+// GemmBf16 from operands the caller packed (Bf16DotPath() only): C[M x N] (+)= A · B over kh
+// pairs of k, A's pairs by row (pair kk of row i, as (a[i][2kk], a[i][2kk + 1]) in the low and
+// high halves, at ap[i * si + kk]) and B's pair rows (pair row kk, (b[2kk][n], b[2kk + 1][n])
+// at bp[kk * ldbp + n], ldbp >= N rounded up to 16 with those columns readable). What a kernel
+// uses when it forms the operands' bfloat16 pairs itself, as it rounds them, instead of
+// writing floats for GemmBf16 to convert.
+template <bool kOverwrite = false>
+void GemmBf16Packed(int64_t M, int64_t N, int64_t kh, const uint32_t* ap, int64_t si,
+                    const uint32_t* bp, int64_t ldbp, float* C, int64_t ldc);
 
 // Pair sums of two vectors of W lanes for a transposing reduction (DotRows), in 128-bit
 // blocks of G lanes (4 floats or 2 doubles), so that each shuffle is one instruction:
