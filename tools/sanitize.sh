@@ -17,7 +17,8 @@
 # --capture=sys so native stderr is not swallowed when a report ends the process; everything is in
 # build/sanitize/pytest.log. Reports naming our code (frames in _recops_ops.so, namespace recops,
 # or this checkout's kernels/ or op_defs/, relative or absolute) are marked.
-# Environment: PYTHON (default python), RECOPS_SANITIZE, RECOPS_FUZZ_CASES (default 2000 here);
+# Environment: PYTHON (default python), RECOPS_SANITIZE, RECOPS_FUZZ_CASES (default 2000 here),
+# RECOPS_FUZZ_SALT (default 1 here: other cases than the plain leg's);
 # extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,8 @@ log_path=$LOGS/san${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export RECOPS_TF_LIBRARY=$LIB
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}  # this checkout's package, whatever is installed
 export RECOPS_FUZZ_CASES=${RECOPS_FUZZ_CASES:-2000}
+# Other cases than the plain pytest leg's (tests/test_fuzz.py: each stem's seed xor the salt).
+export RECOPS_FUZZ_SALT=${RECOPS_FUZZ_SALT:-1}
 
 tests=(tests/ops tests/compat tests/test_fuzz.py tests/test_concurrency.py)
 echo "== sanitize: pytest ${tests[*]} (RECOPS_FUZZ_CASES=$RECOPS_FUZZ_CASES)"
