@@ -270,10 +270,13 @@ def test_serving_default_takes_padded_rows(data, exported):
     (dict(actions=np.array([1])), "actions: one per history item"),
 ])
 def test_bad_rank_requests_are_invalid_arguments(data, exported, change, words):
+    """Each bad request gets its own message every time: the sizes are checked before the
+    checks whose ops need them (a wrong-sized context used to race a shape error)."""
     _, _, loaded = exported
     request = dict(_one(_batch(data), 0), **change)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=words):
-        loaded.signatures["rank"](**{k: tf.constant(v) for k, v in request.items()})
+    for _ in range(20):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=words):
+            loaded.signatures["rank"](**{k: tf.constant(v) for k, v in request.items()})
 
 
 def test_recops_tf_serve_answers_rank_and_refuses_a_bad_request(data, exported):
@@ -380,3 +383,54 @@ def test_the_export_scores_alike_in_a_fresh_process(data, exported):
                                         for k, v in request.items()})
     for task in ranking.TASKS:
         np.testing.assert_allclose(got[task], here[task].numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_rank_request_value_checks_wait_for_the_size_checks():
+    """The range checks of a rank request (whose ops need the sizes right: a [2] context
+    against its [5] vocabulary sizes is a shape error of their own) run only after the size
+    checks: every op they make has those asserts as control inputs, so a wrong size always
+    gets the size's message."""
+    import types
+
+    from recops_tf.recommender.ranking import _check_user
+
+    model = types.SimpleNamespace(context_sizes=[3, 4, 5, 6, 7], num_items=9, num_actions=2)
+    vec = tf.TensorSpec([None], tf.int64)
+
+    @tf.function(input_signature=[vec] * 5)
+    def check(context, items, actions, timestamps, candidates):
+        with tf.control_dependencies(_check_user(model, context, items, actions, timestamps,
+                                                 candidates)):
+            return tf.constant(0)
+
+    ops = check.get_concrete_function().graph.get_operations()
+
+    def message(op):
+        """The string constants an Assert op reports."""
+        words = []
+        for i in op.inputs:
+            if i.op.type == "Const" and i.dtype == tf.string:
+                words += [w.decode() for w in i.op.get_attr("value").string_val]
+        return " ".join(words)
+
+    sizes = {op for op in ops if op.type == "Assert" and any(
+        w in message(op) for w in ("feature codes", "one per history item", "is empty"))}
+    assert len(sizes) == 4, [op.name for op in sizes]
+    less = [op for op in ops if op.type == "Less" and op.inputs[0].op.type == "Placeholder"
+            and op.inputs[0].op.name == "context"]
+    assert less, "no range check of the context"
+
+    def waits(op, seen=None):
+        """Whether `op` depends (by control or data edges) on every size check."""
+        seen = set() if seen is None else seen
+        stack, found = [op], set()
+        while stack:
+            o = stack.pop()
+            if o in seen:
+                continue
+            seen.add(o)
+            found |= sizes & set(o.control_inputs)
+            stack += list(o.control_inputs) + [i.op for i in o.inputs]
+        return found == sizes
+
+    assert all(waits(op) for op in less)

@@ -610,9 +610,11 @@ def table(report):
 # -- export ------------------------------------------------------------------------------------
 
 def _check_user(model, context, items, actions, timestamps, candidates):
-    """Assertions of one user's request (InvalidArgumentError with a message)."""
+    """Assertions of one user's request (InvalidArgumentError with a message). The sizes are
+    checked first: the value checks compare `context` with a [C] vector, which fails with a
+    shape error of its own when run beside a wrong size (the two raced)."""
     length = tf.size(items)
-    checks = [
+    sizes = [
         tf.debugging.assert_positive(length, message="the history is empty: ranking needs "
                                      "at least one event"),
         tf.debugging.assert_equal(tf.size(actions), length,
@@ -622,6 +624,13 @@ def _check_user(model, context, items, actions, timestamps, candidates):
         tf.debugging.assert_equal(tf.size(context), len(model.context_sizes),
                                   message=f"context: {len(model.context_sizes)} feature codes"),
     ]
+    with tf.control_dependencies(sizes):
+        return sizes + _check_values(model, context, items, actions, candidates)
+
+
+def _check_values(model, context, items, actions, candidates):
+    """The ids' and codes' ranges (run after `_check_user`'s sizes)."""
+    checks = []
     for what, ids, top in (("items", items, model.num_items),
                            ("candidates", candidates, model.num_items),
                            ("actions", actions, model.num_actions)):
