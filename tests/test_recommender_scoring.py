@@ -258,3 +258,25 @@ def test_evaluate_equals_the_whole_matrix_ranker(tied_model, exclude_seen):
     for block in (None, 7):
         assert training.evaluate(model, split, "valid", exclude_seen, batch_size=32,
                                  block=block) == want
+
+
+def test_evaluate_batches_are_kept_per_protocol_and_batch(tied_model):
+    """evaluate builds its ragged batches once per (which, length, users, batch) and keeps
+    them on the split: the figures do not depend on the batch size nor on what was
+    evaluated before, and a second validation reuses the batches."""
+    model, split, _ = tied_model
+    fresh = evaluation.Split(split.items, split.timestamps)
+    assert training.eval_batch_size(model.max_seq_len) >= training.MIN_EVAL_BATCH
+    whole = training.evaluate(model, fresh, "valid")  # one batch: the default size
+    kept = fresh.__dict__["_recops_eval_batches"]
+    (key, batches), = kept.items()
+    assert len(batches) == 1 and key[0] == "valid"
+    again = training.evaluate(model, fresh, "valid")
+    assert again == whole and fresh.__dict__["_recops_eval_batches"][key] is batches
+    test = training.evaluate(model, fresh, "test", batch_size=9)
+    assert test != whole  # another target: another batch set
+    assert [k[0] for k in fresh.__dict__["_recops_eval_batches"]] == ["test"]
+    assert training.evaluate(model, fresh, "valid", batch_size=9) == whole
+    assert training.eval_batch_size(200) == training.EVAL_POSITIONS // 200
+    assert training.eval_batch_size(1) == training.MAX_EVAL_BATCH
+    assert training.eval_batch_size(10**6) == training.MIN_EVAL_BATCH
