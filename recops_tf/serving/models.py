@@ -7,21 +7,29 @@ signatures.
   ``recops-tf train --out`` wrote (its SavedModel in ``saved_model/``);
 * one SavedModel (``DIR/saved_model.pb``) or one ``recops-tf train --out`` directory: version 1.
 
-The newest version is served (TF Serving's "latest" policy). ``Versions.poll`` (a thread of the
-server, every ``poll_seconds``) loads a new version before it replaces the old one, so no
-request finds no model; a request holds its ``Version`` to its end, so requests in flight finish
-on the version they started on, and the old one is freed after them.
+A version is a directory named by ASCII digits. The newest version that loads is served (TF
+Serving's "latest" policy). ``Versions.poll`` (a thread of the server, every ``poll_seconds``)
+loads a new version once its directory has stopped changing, before it replaces the old one, so
+no request finds no model; a request holds its ``Version`` to its end, so requests in flight
+finish on the version they started on, and the old one is freed after them. A version that
+fails to load shows its error in ``Versions.status`` and is tried again when its directory
+changes.
 """
+import dataclasses
 import json
+import logging
 import os
 import re
 import threading
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow.python.eager import context
 
 import recops_tf  # noqa: F401  (registers the ops' kernels before a SavedModel loads)
+
+log = logging.getLogger("recops_tf.serving")
 
 SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
 # Ops that TF lowers to Switch / Merge inside a function, which its single-threaded executor
@@ -58,17 +66,57 @@ def _savedmodel_dir(path):
     return None
 
 
+def version_number(name):
+    """The version a directory name stands for, or None: ASCII digits only (``str.isdigit``
+    also takes "³" and "٣", which ``int`` refuses or reads as 3), 1..2**63-1 (TF Serving's
+    versions are int64)."""
+    if not _VERSION_NAME.fullmatch(name):
+        return None
+    number = int(name)
+    return number if 0 < number < 1 << 63 else None
+
+
+_VERSION_NAME = re.compile(r"[0-9]{1,19}")
+
+
 def discover(base):
-    """``{version: SavedModel dir}`` under `base` (see the module docstring)."""
+    """``{version: its directory}`` under `base` (see the module docstring): every directory
+    named by a version number, complete or not; or ``{1: base}`` when there is none and `base`
+    is itself a SavedModel (or a ``train --out`` directory). Raises OSError when `base` cannot
+    be listed."""
     found = {}
-    for name in os.listdir(base):
-        if name.isdigit() and int(name) > 0:
-            d = _savedmodel_dir(os.path.join(base, name))
-            if d:
-                found[int(name)] = d
+    with os.scandir(base) as entries:
+        for entry in entries:
+            number = version_number(entry.name)
+            try:
+                if number is not None and entry.is_dir():
+                    found[number] = entry.path
+            except OSError:  # gone meanwhile
+                pass
     if not found and _savedmodel_dir(base):
-        found[1] = _savedmodel_dir(base)
+        found[1] = base
     return found
+
+
+def tree(path):
+    """What a copy in progress changes: ``(relative path, size, mtime in ns)`` of every file
+    and directory under `path`, sorted (symbolic links followed for their sizes and times,
+    not descended into); ``()`` when `path` cannot be read."""
+    entries = []
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            full = os.path.join(root, name)
+            try:
+                st = os.stat(full)
+            except OSError:  # gone meanwhile: the next look sees a changed tree
+                st = None
+            entries.append((os.path.relpath(full, path), st.st_size if st else -1,
+                            st.st_mtime_ns if st else -1))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return (("", st.st_size, st.st_mtime_ns),) + tuple(sorted(entries))
 
 
 def _has_branches(fn):
@@ -217,8 +265,45 @@ class Version:
         return np.asarray(ids, np.int64)
 
 
+def _load_error(error):
+    """``(TF Serving's error code name, one line)`` of a failed load."""
+    if isinstance(error, tf.errors.OpError):
+        code = error_codes_pb2.Code.Name(error.error_code)
+        text = error.message
+    else:
+        code = "NOT_FOUND" if isinstance(error, FileNotFoundError) else "UNKNOWN"
+        text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = lines[0] if lines else ""
+    line = f"{type(error).__name__}: {line}" if line else type(error).__name__
+    return code, line if len(line) <= 500 else line[:497] + "..."
+
+
+@dataclasses.dataclass
+class VersionState:
+    """One version's state as TF Serving reports it (``ModelVersionStatus``): ``START`` seen,
+    waiting for its directory to stop changing; ``LOADING``; ``AVAILABLE`` served; ``END``
+    unloaded (``error_code`` OK) or failed to load (the error). ``tree``: the directory as
+    last seen (``models.tree``); ``failed_tree``: as it was when its load failed (a load is
+    tried again once it differs)."""
+    state: str = "START"
+    error_code: str = "OK"
+    error_message: str = ""
+    tree: tuple = None
+    failed_tree: tuple = None
+
+
 class Versions:
-    """The versions of one model under `base`; the newest serves."""
+    """The versions of one model under `base`; the newest that loads serves.
+
+    ``poll`` (the server calls it every ``poll_seconds``) loads a version only once its
+    directory has stopped changing: its tree (``models.tree``: every file's path, size and
+    modification time) the same at two polls in a row, and again after the load (else the
+    load is dropped and waits for the next quiet poll), so a version copied in place file by
+    file is not loaded half-written. A version that fails to load keeps its error in its state
+    (``status``) and in the log, and is tried again when its directory changes (a version
+    replaced or completed is loaded); the one served before stays. At start every version is
+    taken as it is, from the newest down to the first that loads."""
 
     def __init__(self, base, on_load=None):
         if not os.path.isdir(base):
@@ -226,28 +311,108 @@ class Versions:
         self.base, self.on_load = base, on_load
         self.loaded = {}
         self.lock = threading.Lock()
-        self.errors = {}
-        if not self.poll():
-            raise FileNotFoundError(f"--model {base}: no SavedModel in it nor in numbered "
-                                    "version directories (1, 2, ...)")
+        self.states = {}  # version -> VersionState, for those the server has looked at
+        if not self.poll(settled=True):
+            failed = {n: s.error_message for n, s in self.states.items() if s.failed_tree}
+            raise FileNotFoundError(
+                f"--model {base}: no SavedModel in it nor in numbered version directories "
+                "(1, 2, ...)" + "".join(f"; version {n} failed to load: {m}"
+                                        for n, m in sorted(failed.items(), reverse=True)))
 
-    def poll(self):
-        """Loads a newer version if one appeared (and unloads those that vanished); returns
-        True when a version is available."""
+    def poll(self, settled=False):
+        """Loads the newest version newer than the one served whose directory has stopped
+        changing (`settled`: take every directory as it is now), trying older ones when it
+        fails; returns True when a version is available. Raises OSError when `base` cannot be
+        listed (the server logs it and polls again)."""
         found = discover(self.base)
-        newest = max(found) if found else None
-        if newest is not None and newest not in self.loaded and newest not in self.errors:
-            try:
-                version = Version(newest, found[newest])
-            except Exception as e:  # a broken version: keep serving the previous one
-                self.errors[newest] = f"{type(e).__name__}: {e}"
-            else:
-                if self.on_load:
-                    self.on_load(version)
-                with self.lock:
-                    self.loaded = {newest: version}  # the old one lives while requests use it
+        with self.lock:
+            served = max(self.loaded) if self.loaded else None
+        for number in list(self.states):  # versions gone from the disk are forgotten
+            if number not in found and number != served:
+                del self.states[number]
+        for number in sorted(found, reverse=True):
+            if served is not None and number <= served:
+                break
+            path = found[number]
+            now = tree(path)
+            state = self.states.setdefault(number, VersionState())
+            if state.failed_tree is not None and now == state.failed_tree:
+                continue  # failed as it is: tried again once it changes
+            if not settled and now != state.tree:
+                if state.failed_tree is not None:
+                    log.info("version %d (%s) changed since its failed load: loading it once "
+                             "it stops changing", number, path)
+                elif state.tree is None:
+                    log.info("version %d (%s) found: loading it once it stops changing",
+                             number, path)
+                self.states[number] = VersionState(tree=now)
+                continue
+            if self._load(number, path, now):
+                break
         with self.lock:
             return bool(self.loaded)
+
+    def _load(self, number, path, before):
+        """Loads version `number` from `path` (whose tree was `before`) and serves it; False
+        when it failed (its state says why) or its directory changed meanwhile."""
+        state = self.states[number]
+        state.state, state.tree = "LOADING", before
+        log.info("loading version %d (%s)", number, path)
+        try:
+            saved = _savedmodel_dir(path)
+            if saved is None:
+                raise FileNotFoundError(f"no saved_model.pb in {path} nor in "
+                                        f"{os.path.join(path, 'saved_model')}")
+            version = Version(number, saved)
+            after = tree(path)
+            if after != before:
+                log.info("version %d (%s) changed while it loaded: loading it again once it "
+                         "stops changing", number, path)
+                self.states[number] = VersionState(tree=after)
+                return False
+            if self.on_load:
+                self.on_load(version)
+        except Exception as e:  # noqa: BLE001  (a broken version: keep serving the last one)
+            code, message = _load_error(e)
+            self.states[number] = VersionState("END", code, message, before, before)
+            log.error("version %d (%s) failed to load: %s (tried again when its directory "
+                      "changes)", number, path, message)
+            log.debug("the failed load of version %d", number, exc_info=True)
+            return False
+        with self.lock:
+            old, self.loaded = self.loaded, {number: version}  # the old one lives while
+            # requests use it
+        self.states[number] = VersionState("AVAILABLE", tree=before)
+        for n in old:
+            if n in self.states:
+                self.states[n] = VersionState("END", tree=self.states[n].tree)
+        log.info("serving version %d (%s)%s", number, path,
+                 f" in place of version {max(old)}" if old else "")
+        return True
+
+    def status(self, number=None):
+        """``[(version, VersionState)]``, newest first, of every version the server has looked
+        at (or of `number`; RequestError(404) if it has not)."""
+        states = dict(self.states)
+        if number is not None:
+            if number not in states:
+                raise RequestError(404, self._unknown(number))
+            return [(number, states[number])]
+        return sorted(states.items(), reverse=True)
+
+    def _unknown(self, number):
+        with self.lock:
+            served = sorted(self.loaded)
+        state = self.states.get(number)
+        if state is None:
+            why = "its directory was not found"
+        elif state.failed_tree is not None:
+            why = f"its load failed: {state.error_message}"
+        elif state.state == "END":
+            why = "it was replaced by a newer version"
+        else:
+            why = "it is waiting for its directory to stop changing"
+        return f"version {number} of the model is not served ({why}; served: {served})"
 
     def get(self, number=None):
         with self.lock:
@@ -255,7 +420,6 @@ class Versions:
                 raise RequestError(503, "no version of the model is loaded")
             if number is None:
                 return self.loaded[max(self.loaded)]
-            if number not in self.loaded:
-                raise RequestError(404, f"version {number} of the model is not served "
-                                   f"(served: {sorted(self.loaded)})")
-            return self.loaded[number]
+            if number in self.loaded:
+                return self.loaded[number]
+        raise RequestError(404, self._unknown(number))

@@ -10,7 +10,9 @@ text format). See docs/serving.md.
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
 import signal
+import sys
 import threading
 import time
 
@@ -21,12 +23,13 @@ import prometheus_client as prom
 import tensorflow as tf
 from aiohttp import web
 from google.protobuf import json_format
+from tensorflow.core.protobuf import error_codes_pb2
 
 from recops_tf.layers.hstu_block import EXTEND_IN_PLACE
 from recops_tf.serving import _apis
 from recops_tf.serving.batching import Batcher, batch_rows
 from recops_tf.serving.cache import ALIGN, UserCache
-from recops_tf.serving.models import RequestError, Versions, op_error
+from recops_tf.serving.models import RequestError, Versions, log, op_error
 from recops_tf.serving.rest import request_tensors, response_body
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
@@ -107,8 +110,31 @@ class ModelServer:
         self.metrics.version.set(version.number)
 
     def poll_forever(self):
+        """Polls for versions until ``close``. Nothing stops it: a poll that fails (the model
+        directory renamed away for a moment, unreadable, ...) is logged, once until it
+        succeeds again, and the next poll retries."""
+        failing = None
         while not self._stop.wait(self.options.poll_seconds):
-            self.versions.poll()
+            try:
+                self.versions.poll()
+            except Exception as e:  # noqa: BLE001  (the watcher must not die)
+                message = f"{type(e).__name__}: {e}"
+                if message != failing:
+                    log.error("looking for versions in %s failed: %s (still serving version "
+                              "%s; trying again every %g s)", self.options.model, message,
+                              self._served(), self.options.poll_seconds,
+                              exc_info=log.isEnabledFor(logging.DEBUG))
+                failing = message
+            else:
+                if failing is not None:
+                    log.info("looking for versions in %s works again", self.options.model)
+                failing = None
+
+    def _served(self):
+        try:
+            return self.versions.get().number
+        except RequestError:
+            return None
 
     def close(self):
         self._stop.set()
@@ -118,14 +144,20 @@ class ModelServer:
 
     # -- the APIs' work ------------------------------------------------------------------
     def model(self, name, number=None):
+        self._named(name)
+        return self.versions.get(number)
+
+    def _named(self, name):
         if name != self.options.model_name:
             raise RequestError(404, f"Servable not found for request: model '{name}' (this "
                                f"server serves '{self.options.model_name}')")
-        return self.versions.get(number)
 
     def status(self, name, number=None):
-        version = self.model(name, number)
-        return [(version.number, "AVAILABLE")]
+        """``[(version, models.VersionState)]``, newest first: every version the server has
+        looked at (served, replaced, failed with its error, waiting to load), as TF Serving's
+        GetModelStatus; or version `number` (RequestError(404) if the server never saw it)."""
+        self._named(name)
+        return self.versions.status(number)
 
     def metadata(self, name, number=None):
         version = self.model(name, number)
@@ -388,8 +420,8 @@ def rest_app(server, executor, connections=None):
         versions = await run("rest_status", server.status, request.match_info["name"],
                              version_of(request))
         return _json({"model_version_status": [
-            {"version": str(v), "state": s, "status": {"error_code": "OK",
-                                                       "error_message": ""}}
+            {"version": str(v), "state": s.state, "status": {"error_code": s.error_code,
+                                                             "error_message": s.error_message}}
             for v, s in versions]})
 
     async def metadata(request):
@@ -590,11 +622,13 @@ def grpc_server(server, address, executor):
     async def get_model_status(request, context):
         def work():
             response = _apis.GetModelStatusResponse()
-            for number, _ in server.status(request.model_spec.name,
-                                           spec_version(request.model_spec)):
+            for number, state in server.status(request.model_spec.name,
+                                               spec_version(request.model_spec)):
                 status = response.model_version_status.add()
                 status.version = number
-                status.state = _apis.ModelVersionStatus.AVAILABLE
+                status.state = _apis.ModelVersionStatus.State.Value(state.state)
+                status.status.error_code = error_codes_pb2.Code.Value(state.error_code)
+                status.status.error_message = state.error_message
             return response
         return await call("grpc_status", context, in_executor(work))
 
@@ -617,6 +651,19 @@ def _set_threads(intra, inter):
             put(value)
 
 
+def _log_to_stderr():
+    """The server's log (logger ``recops_tf.serving``: versions found, loaded, failed with
+    their errors; a failed look at the model directory; internal errors with their
+    tracebacks) on stderr, from INFO up, unless the process has set up logging itself."""
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+
+
 def _new_loop():
     """uvloop's event loop where it is installed, else asyncio's."""
     try:
@@ -632,6 +679,7 @@ class Running:
 
     def __init__(self, options, announce=print):
         self.options = options
+        _log_to_stderr()
         _set_threads(options.intra_op_threads, options.inter_op_threads)
         self.server = ModelServer(options)
         self.executor = concurrent.futures.ThreadPoolExecutor(options.workers)
