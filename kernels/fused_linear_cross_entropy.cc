@@ -454,7 +454,7 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
   const int64_t d = in.d;
   const int64_t dp = pr.dp;
   const int64_t dm = DsRows(d);
-  std::vector<Acc> tile(kNb * kPb), rows, de(kNb * dp), db(kNb);
+  std::vector<Acc> tile(kTileRows * kPb), rows, de(kNb * dp), db(kNb);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
   for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
@@ -462,50 +462,56 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
     std::fill(de.begin(), de.begin() + nb * dp, Acc(0));
     std::fill(db.begin(), db.begin() + nb, Acc(0));
     for (int64_t pb = 0; pb < pr.blocks; ++pb) {
-      Acc* t = tile.data();
-      Gemm<Acc, I, true, false>(false, nb, kPb, d, e, dp, pr.st.data() + pb * dp * kPb, kPb, t,
-                                kPb);
-      TileLogits<Acc, I>(pr, zs, j0, nb, pb, t, cursor.data(), first.data());
       V cv[NV], lv[NV];
       for (int64_t v = 0; v < NV; ++v) {
         cv[v] = LoadVec<V>(&c[pb * kPb + v * W]);
         lv[v] = LoadVec<V>(&lse_a[pb * kPb + v * W]);
       }
-      for (int64_t j = 0; j < nb; ++j) {
-        V sum = V{};
-        for (int64_t v = 0; v < NV; ++v) {
-          V g = cv[v] * ExpOf<V, Acc, I, kRoundG>(LoadVec<V>(&t[j * kPb + v * W]) * zs - lv[v]);
-          g = cv[v] == Acc(0) ? V{} : g;
-          sum += g;
-          StoreVec(&t[j * kPb + v * W], g);
-        }
-        if (dbias != nullptr) {  // no horizontal sums without a bias to differentiate
-          Acc total = 0;
-          for (int64_t l = 0; l < W; ++l) total += sum[l];
-          db[j] += total;
-        }
-      }
-      if (!pr.ex_item.empty()) {
-        const int64_t a0 = pb * kPb, a1 = std::min(a0 + kPb, pr.Pa);
-        for (int64_t a = a0; a < a1; ++a) {
-          for (int64_t x = first[a - a0]; x < cursor[a]; ++x)
-            dextra[x] = t[(pr.ex_item[x] - j0) * kPb + (a - a0)];
-        }
-      }
-      if constexpr (kRoundG) {
-        for (int64_t j = 0; j < nb; ++j) {
+      // Rows of the tile kTileRows at a time, so that each part's logits and G are read back
+      // from L1; dSᵀ's sums go on from part to part in item order (the same FMA chains).
+      for (int64_t r0 = 0; r0 < nb; r0 += kTileRows) {
+        const int64_t nr = std::min(kTileRows, nb - r0);
+        Acc* t = tile.data();
+        const Acc* er = e + r0 * dp;
+        Gemm<Acc, I, true, false>(false, nr, kPb, d, er, dp, pr.st.data() + pb * dp * kPb, kPb, t,
+                                  kPb);
+        TileLogits<Acc, I>(pr, zs, j0 + r0, nr, pb, t, cursor.data(), first.data());
+        for (int64_t j = 0; j < nr; ++j) {
+          V sum = V{};
           for (int64_t v = 0; v < NV; ++v) {
-            if constexpr (std::is_same_v<Acc, float>)
-              StoreVec(&t[j * kPb + v * W],
-                       RoundVecTo<Eigen::bfloat16>(LoadVec<V>(&t[j * kPb + v * W])));
+            V g = cv[v] * ExpOf<V, Acc, I, kRoundG>(LoadVec<V>(&t[j * kPb + v * W]) * zs - lv[v]);
+            g = cv[v] == Acc(0) ? V{} : g;
+            sum += g;
+            StoreVec(&t[j * kPb + v * W], g);
+          }
+          if (dbias != nullptr) {  // no horizontal sums without a bias to differentiate
+            Acc total = 0;
+            for (int64_t l = 0; l < W; ++l) total += sum[l];
+            db[r0 + j] += total;
           }
         }
+        if (!pr.ex_item.empty()) {
+          const int64_t a0 = pb * kPb, a1 = std::min(a0 + kPb, pr.Pa);
+          for (int64_t a = a0; a < a1; ++a) {
+            for (int64_t x = first[a - a0]; x < cursor[a]; ++x)
+              dextra[x] = t[(pr.ex_item[x] - j0 - r0) * kPb + (a - a0)];
+          }
+        }
+        if constexpr (kRoundG) {
+          for (int64_t j = 0; j < nr; ++j) {
+            for (int64_t v = 0; v < NV; ++v) {
+              if constexpr (std::is_same_v<Acc, float>)
+                StoreVec(&t[j * kPb + v * W],
+                         RoundVecTo<Eigen::bfloat16>(LoadVec<V>(&t[j * kPb + v * W])));
+            }
+          }
+        }
+        // dE rows += G·S (S unscaled: the temperature is applied once, below); dSᵀ [dm x kPb]
+        // += Eᵀ·G: d rows (to 8), no zero columns.
+        Gemm<Acc, I, false, false>(false, nr, dp, kPb, t, kPb, pr.sa.data() + pb * kPb * dp, dp,
+                                   de.data() + r0 * dp, dp);
+        Gemm<Acc, I, false, true>(false, dm, kPb, nr, er, dp, t, kPb, ds + pb * dm * kPb, kPb);
       }
-      // dE rows += G·S (S unscaled: the temperature is applied once, below); dSᵀ [dm x kPb]
-      // += Eᵀ·G: d rows (to 8), no zero columns.
-      Gemm<Acc, I, false, false>(false, nb, dp, kPb, t, kPb, pr.sa.data() + pb * kPb * dp, dp,
-                                 de.data(), dp);
-      Gemm<Acc, I, false, true>(false, dm, kPb, nb, e, dp, t, kPb, ds + pb * dm * kPb, kPb);
     }
     FinishItemBlock(in, pr, onehot, uniform_de, uniform_db, by_target, j0, nb, de.data(), db.data(),
                     ditems, dbias);
