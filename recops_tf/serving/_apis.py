@@ -166,16 +166,18 @@ _METHODS = {  # path: (request class, response class)
 }
 
 
-def add_services(server, predict, get_model_metadata, get_model_status):
+def add_services(server, predict, get_model_metadata, get_model_status, raw=False):
     """Serve the three methods on ``server`` (a ``grpc.Server`` or ``grpc.aio.Server``); each
     behaviour is a callable ``(request, context) -> response`` (a coroutine function for the
-    asyncio server) on the message classes of this module."""
+    asyncio server) on the message classes of this module, or, with `raw`, on the request's
+    bytes (the behaviour decodes them: grpc answers a request its deserializer cannot decode
+    with UNKNOWN, before any behaviour sees it)."""
     services = {}
     for path, behaviour in zip(_METHODS, (predict, get_model_metadata, get_model_status)):
         service, method = path[1:].split("/")
         request, response = _METHODS[path]
         services.setdefault(service, {})[method] = grpc.unary_unary_rpc_method_handler(
-            behaviour, request_deserializer=request.FromString,
+            behaviour, request_deserializer=None if raw else request.FromString,
             response_serializer=response.SerializeToString)
     server.add_generic_rpc_handlers(
         [grpc.method_handlers_generic_handler(s, m) for s, m in services.items()])

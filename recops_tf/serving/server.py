@@ -367,6 +367,9 @@ def _error(status, message):
     return _json({"error": message}, status)
 
 
+# The answer to an internal error (REST's 500, gRPC's INTERNAL); what went wrong is logged.
+INTERNAL_ERROR = "internal error (the server log has its details)"
+
 # A :predict request (REST body, gRPC message) up to this size is parsed on the event loop when
 # batching is on (a few rows: tens of microseconds); larger ones on a worker thread.
 INLINE_BYTES = 16 << 10
@@ -390,20 +393,8 @@ def rest_app(server, executor, connections=None):
         return connections is not None and active[0] == 1 and \
             server._in_flight == int(predicting) and connections() == 1
 
-    async def run(api, fn, *args):
-        return await timed(api, asyncio.get_running_loop().run_in_executor(executor, fn, *args))
-
-    async def timed(api, awaitable):
-        began = time.perf_counter()
-        status = "200"
-        try:
-            return await awaitable
-        except RequestError as e:
-            status = str(e.status)
-            raise
-        finally:
-            server.metrics.requests.labels(api, status).inc()
-            server.metrics.latency.labels(api).observe(time.perf_counter() - began)
+    async def run(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
     def version_of(request):
         v = request.match_info.get("version")
@@ -417,15 +408,14 @@ def rest_app(server, executor, connections=None):
             raise RequestError(400, f"malformed JSON: {e}") from None
 
     async def status(request):
-        versions = await run("rest_status", server.status, request.match_info["name"],
-                             version_of(request))
+        versions = await run(server.status, request.match_info["name"], version_of(request))
         return _json({"model_version_status": [
             {"version": str(v), "state": s.state, "status": {"error_code": s.error_code,
                                                              "error_message": s.error_message}}
             for v, s in versions]})
 
     async def metadata(request):
-        version, defs = await run("rest_metadata", server.metadata, request.match_info["name"],
+        version, defs = await run(server.metadata, request.match_info["name"],
                                   version_of(request))
         return _json({
             "model_spec": {"name": opts.model_name, "signature_name": "",
@@ -469,11 +459,11 @@ def rest_app(server, executor, connections=None):
         try:
             small = (request.content_length or 0) <= INLINE_BYTES
             if small and lone(True):
-                answer = await timed("rest_predict", inline())
+                answer = await inline()
             elif small and server.batcher is not None:
-                answer = await timed("rest_predict", batched())
+                answer = await batched()
             else:
-                answer = await run("rest_predict", work)
+                answer = await run(work)
             return _json(answer)
         finally:
             active[0] -= 1
@@ -492,8 +482,8 @@ def rest_app(server, executor, connections=None):
         active[0] += 1
         try:
             if (request.content_length or 0) <= INLINE_BYTES and lone(False):
-                return _json(await timed("rest_recommend", inline()))
-            return _json(await run("rest_recommend", work))
+                return _json(await inline())
+            return _json(await run(work))
         finally:
             active[0] -= 1
 
@@ -506,8 +496,31 @@ def rest_app(server, executor, connections=None):
             return _json({"status": "ready"})
         return _error(503, "not ready")
 
+    apis = {status: "rest_status", metadata: "rest_metadata", predict: "rest_predict",
+            recommend: "rest_recommend", metrics: "rest_metrics", health: "rest_health"}
+
+    @web.middleware
+    async def counted(request, handler):
+        """The one place a REST request is counted and timed: around every other step (the
+        route's match, a 404 or 405 without one, the body's read and size limit, its parse,
+        the model), with the status of the answer sent. ``api`` is the route's (rest_other:
+        no route for the path or the method); a request whose client went away before its
+        answer counts as 499 (nginx's "client closed request")."""
+        began = time.perf_counter()
+        status = "499"
+        try:
+            response = await handler(request)
+            status = str(response.status)
+            return response
+        finally:
+            api = apis.get(request.match_info.handler, "rest_other")
+            server.metrics.requests.labels(api, status).inc()
+            server.metrics.latency.labels(api).observe(time.perf_counter() - began)
+
     @web.middleware
     async def errors(request, handler):
+        """Every error as ``{"error": "one line"}`` with its status; an internal error's
+        details only in the server log."""
         try:
             return await handler(request)
         except RequestError as e:
@@ -515,10 +528,11 @@ def rest_app(server, executor, connections=None):
         except web.HTTPException as e:  # 404 no route, 405, 413 too large, ...
             return _error(e.status, e.reason if e.status != 413 else
                           f"the request is larger than {opts.max_request_bytes} bytes")
-        except Exception as e:  # noqa: BLE001  (an answer, never a dead server)
-            return _error(500, f"{type(e).__name__}: {e}")
+        except Exception:  # noqa: BLE001  (an answer, never a dead server)
+            log.exception("internal error answering %s %s", request.method, request.path[:200])
+            return _error(500, INTERNAL_ERROR)
 
-    app = web.Application(middlewares=[errors], client_max_size=opts.max_request_bytes)
+    app = web.Application(middlewares=[counted, errors], client_max_size=opts.max_request_bytes)
     name, ver = r"{name:[^/:]+}", r"/versions/{version:\d+}"
     for prefix in (f"/v1/models/{name}", f"/v1/models/{name}{ver}"):
         app.router.add_get(prefix, status)
@@ -537,22 +551,35 @@ def grpc_server(server, address, executor):
     on the loop; every other request runs on `executor`."""
     opts = server.options
 
-    async def call(api, context, awaitable):
-        began = time.perf_counter()
-        status = "200"
-        try:
-            return await awaitable
-        except RequestError as e:
-            status = str(e.status)
-            await context.abort(_GRPC_CODES.get(e.status, grpc.StatusCode.INTERNAL), e.message)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            status = "500"
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-        finally:
-            server.metrics.requests.labels(api, status).inc()
-            server.metrics.latency.labels(api).observe(time.perf_counter() - began)
+    def served(api, message, behaviour):
+        """The one place a gRPC request is decoded, answered and counted: `behaviour`
+        (``async (request) -> response``, raising RequestError for a bad request) on the
+        request decoded here from its bytes (undecodable bytes: INVALID_ARGUMENT); counted
+        with the status code sent (``OK``, ``INVALID_ARGUMENT``, ..., ``CANCELLED`` when the
+        client went away)."""
+        async def handle(raw, context):
+            began = time.perf_counter()
+            code, details = grpc.StatusCode.CANCELLED, ""
+            try:
+                try:
+                    request = message.FromString(raw)
+                except Exception:  # noqa: BLE001  (protobuf's DecodeError, and kin)
+                    raise RequestError(400, f"the request is not a "
+                                       f"{message.DESCRIPTOR.full_name} (its bytes do not "
+                                       "decode)") from None
+                response = await behaviour(request)
+                code = grpc.StatusCode.OK
+                return response
+            except RequestError as e:
+                code, details = _GRPC_CODES.get(e.status, grpc.StatusCode.INTERNAL), e.message
+            except Exception:  # noqa: BLE001  (an answer, never a dead server)
+                log.exception("internal error answering gRPC %s", api)
+                code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR
+            finally:
+                server.metrics.requests.labels(api, code.name).inc()
+                server.metrics.latency.labels(api).observe(time.perf_counter() - began)
+            await context.abort(code, details)
+        return handle
 
     def in_executor(fn):
         return asyncio.get_running_loop().run_in_executor(executor, fn)
@@ -560,10 +587,10 @@ def grpc_server(server, address, executor):
     def spec_version(spec):
         return spec.version.value if spec.HasField("version") else None
 
-    async def predict(request, context):
+    async def predict(request):
         server.predicting(+1)
         try:
-            return await call("grpc_predict", context, predict_work(request))
+            return await predict_work(request)
         finally:
             server.predicting(-1)
 
@@ -603,7 +630,7 @@ def grpc_server(server, address, executor):
             response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key]))
         return response
 
-    async def get_model_metadata(request, context):
+    async def get_model_metadata(request):
         def work():
             version, defs = server.metadata(request.model_spec.name,
                                             spec_version(request.model_spec))
@@ -617,9 +644,9 @@ def grpc_server(server, address, executor):
                 sigs.signature_def[k].CopyFrom(v)
             response.metadata["signature_def"].Pack(sigs)
             return response
-        return await call("grpc_metadata", context, in_executor(work))
+        return await in_executor(work)
 
-    async def get_model_status(request, context):
+    async def get_model_status(request):
         def work():
             response = _apis.GetModelStatusResponse()
             for number, state in server.status(request.model_spec.name,
@@ -630,10 +657,14 @@ def grpc_server(server, address, executor):
                 status.status.error_code = error_codes_pb2.Code.Value(state.error_code)
                 status.status.error_message = state.error_message
             return response
-        return await call("grpc_status", context, in_executor(work))
+        return await in_executor(work)
 
     g = grpc.aio.server(options=[("grpc.max_receive_message_length", opts.max_request_bytes)])
-    _apis.add_services(g, predict, get_model_metadata, get_model_status)
+    _apis.add_services(g, served("grpc_predict", _apis.PredictRequest, predict),
+                       served("grpc_metadata", _apis.GetModelMetadataRequest,
+                              get_model_metadata),
+                       served("grpc_status", _apis.GetModelStatusRequest, get_model_status),
+                       raw=True)
     port = g.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}")

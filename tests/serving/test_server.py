@@ -5,6 +5,7 @@ eviction, across a version change under load), metrics, health, SIGTERM."""
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -554,3 +555,124 @@ def test_cli_serve_bad_inputs_exit_2(argv, words, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+# -- metrics: every request counted once, with the status it was answered with (issue 54,
+# case 11 and case 6) ------------------------------------------------------------------------
+def _request_counts(server):
+    """``{(api, status): count}`` of ``recops_serving_requests_total`` (one scrape)."""
+    status, text = server.http("/monitoring/prometheus/metrics")
+    assert status == 200
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("recops_serving_requests_total{"):
+            labels, value = line.rsplit(" ", 1)
+            found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            counts[found["api"], found["status"]] = float(value)
+    return counts
+
+
+def _counted(server, ask):
+    """What `ask()` added to the request counts (besides the scrape that reads them)."""
+    before = _request_counts(server)
+    answer = ask()
+    after = _request_counts(server)
+    added = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+    assert added.pop(("rest_metrics", "200")) == 1  # the first scrape, counted once
+    return {k: v for k, v in added.items() if v}, answer
+
+
+ONE_ROW = {"instances": [{"items": [1, 2], "timestamps": [1, 2]}]}
+COUNTED_REST = [  # (id, path, body, method, status, api)
+    ("200-status", "/v1/models/default", None, None, 200, "rest_status"),
+    ("200-predict", "/v1/models/default:predict", ONE_ROW, None, 200, "rest_predict"),
+    ("200-health", "/healthz", None, None, 200, "rest_health"),
+    ("400-malformed-json", "/v1/models/default:predict", b"{not json", None, 400,
+     "rest_predict"),
+    ("400-bad-input", "/v1/models/default:recommend", {"items": ["i1"]}, None, 400,
+     "rest_recommend"),
+    ("404-no-route", "/v2/whatever", None, None, 404, "rest_other"),
+    ("404-unknown-version", "/v1/models/default/versions/9/metadata", None, None, 404,
+     "rest_metadata"),
+    ("405-wrong-method", "/v1/models/default:predict", None, "GET", 405, "rest_other"),
+    ("405-wrong-method-post", "/v1/models/default", b"{}", "POST", 405, "rest_other"),
+    ("413-too-large", "/v1/models/default:predict", b"[" + b"1," * (3 << 20) + b"1]", None,
+     413, "rest_predict"),
+]
+
+
+@pytest.mark.parametrize("path,body,method,code,api", [c[1:] for c in COUNTED_REST],
+                         ids=[c[0] for c in COUNTED_REST])
+def test_a_rest_request_is_counted_once_with_its_status(served, path, body, method, code,
+                                                        api):
+    server, _ = served
+    added, (status, answer) = _counted(server, lambda: server.http(path, body, method))
+    assert status == code, answer
+    assert added == {(api, str(code)): 1}, added
+
+
+def test_an_internal_error_is_a_500_counted_as_such_and_logged(served, monkeypatch, caplog):
+    """A 500 (an exception the server did not expect, here from the status call) is counted
+    as 500 (it was counted as 200), answered without its internals, and logged with them."""
+    server, _ = served
+
+    def broken(*args):
+        raise RuntimeError("boom: an internal detail")
+
+    monkeypatch.setattr(server.running.server, "status", broken)
+    added, (status, answer) = _counted(server, lambda: server.http("/v1/models/default"))
+    assert status == 500 and added == {("rest_status", "500"): 1}, (status, answer, added)
+    assert set(answer) == {"error"} and "boom" not in answer["error"], answer
+    assert "server log" in answer["error"]
+    request = _apis.GetModelStatusRequest()
+    request.model_spec.name = "default"
+    with pytest.raises(grpc.RpcError) as failed:
+        _counted(server, lambda: server.stubs.GetModelStatus(request, timeout=60))
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert "boom" not in failed.value.details()
+    logged = [r for r in caplog.records if r.name == "recops_tf.serving" and r.exc_info]
+    assert len(logged) == 2 and all("boom" in str(r.exc_info[1]) for r in logged), logged
+
+
+def _grpc_outcome(call):
+    try:
+        call()
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
+def test_a_grpc_request_is_counted_once_with_its_status_code(served):
+    """gRPC requests are counted by the status code sent (OK, INVALID_ARGUMENT, ...);
+    undecodable bytes are INVALID_ARGUMENT (grpc's own decoding answered UNKNOWN, uncounted)."""
+    server, _ = served
+    status = _apis.GetModelStatusRequest()
+    status.model_spec.name = "default"
+    bad = _apis.PredictRequest()
+    bad.model_spec.name = "default"
+    bad.inputs["items"].CopyFrom(tf.make_tensor_proto(np.array([[1, 99]], np.int64)))
+    bad.inputs["timestamps"].CopyFrom(tf.make_tensor_proto(np.array([[1, 2]], np.int64)))
+    good = _apis.PredictRequest()
+    good.CopyFrom(bad)
+    good.inputs["items"].CopyFrom(tf.make_tensor_proto(np.array([[1, 2]], np.int64)))
+    other = _apis.PredictRequest()
+    other.CopyFrom(good)
+    other.model_spec.name = "other"
+    raw = server.channel.unary_unary(_apis.PREDICT)  # bytes in, bytes out
+    undecodable = "not a tensorflow.serving.PredictRequest"
+    cases = [  # (call, api, status code, a fragment of its details)
+        (lambda: server.stubs.GetModelStatus(status, timeout=60), "grpc_status", "OK", ""),
+        (lambda: server.stubs.Predict(good, timeout=60), "grpc_predict", "OK", ""),
+        (lambda: server.stubs.Predict(bad, timeout=60), "grpc_predict", "INVALID_ARGUMENT",
+         "past the catalogue"),
+        (lambda: raw(b"\x0a\x05ab", timeout=60), "grpc_predict", "INVALID_ARGUMENT",
+         undecodable),
+        (lambda: raw(b"\xff\xff\xff", timeout=60), "grpc_predict", "INVALID_ARGUMENT",
+         undecodable),
+        (lambda: server.stubs.Predict(other, timeout=60), "grpc_predict", "NOT_FOUND",
+         "model 'other'"),
+    ]
+    for call, api, code, words in cases:
+        added, (got, details) = _counted(server, lambda: _grpc_outcome(call))
+        assert got.name == code and added == {(api, code): 1}, (api, code, got, details, added)
+        assert words in details, details
