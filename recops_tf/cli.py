@@ -415,12 +415,133 @@ def _train_ranking(args, argv):
     return 0
 
 
+# --- `train --resume DIR`: the run's own flags, and those given beside --resume -----------------
+
+# The flags of `train` that change nothing the run trains (weights, steps, metrics), only what
+# it writes or shows or how its processes wait: given beside --resume they apply to the
+# resumed run; not given, the run's own apply (its run.json "argv"; --no-progress and --verbose
+# are never saved). Every other flag given beside --resume is a training flag and must equal
+# the checkpoint's value, or the resume is refused: the model and training flags (compared
+# with run.json's "config", the settings the run trained with, fitted ones included), the
+# data's (--data, --format, --user-col, --item-col, --time-col, --min-interactions, --users,
+# --items, --data-seed: the checkpoint is of its data), --config and --task (compared with
+# the run's argv), --workers (compared with the checkpoints' worker count) and --out (the
+# run's directory).
+RESUME_OUTPUT_FLAGS = ("json", "logdir", "no_progress", "verbose", "checkpoint_every",
+                       "worker_timeout")
+_RESUME_PATHS = ("data", "config")  # compared as the files they name
+
+
+def _given(argv):
+    """``{dest: value}`` of the options of `train` that ARGV (its arguments after ``train``)
+    gives, whatever their value (argparse's defaults suppressed, abbreviations resolved)."""
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices["train"]._actions:
+        action.default = argparse.SUPPRESS
+    given = vars(parser.parse_args(["train", *argv]))
+    given.pop("command", None)
+    return given
+
+
+def _value_text(field, value):
+    if field == "transition_prior" and value == _module("training")["AUTO"]:
+        return "auto"
+    return "(not given)" if value is None else str(_shown(value))
+
+
+def _refuse_differing(dest, value, run_dir, saved, config):
+    """UsageError if the training flag `dest`, given as `value` beside ``--resume run_dir``,
+    differs from the checkpoint's: `config` (run.json's "config"), else `saved` (the run's
+    parsed argv)."""
+    flag = f"--{dest.replace('_', '-')}"
+    field, kind = CONFIG_OPTIONS.get(dest, (dest, "value"))
+    if dest == "out":
+        if os.path.realpath(value) == os.path.realpath(run_dir):
+            return
+        raise UsageError(f"--out {value}: a resumed run writes to its own directory, "
+                         f"{run_dir} (--resume)")
+    if dest == "workers":  # the checkpoints' count: workers.json, or 1 when there is none
+        path = os.path.join(run_dir, "checkpoints", "workers.json")
+        try:
+            with open(path) as f:
+                theirs = json.load(f)["workers"]
+        except FileNotFoundError:
+            theirs = 1
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # the training names what is wrong with it
+        if value == theirs:
+            return
+        raise UsageError(f"--workers {value} differs from the checkpoint's {theirs} (its "
+                         f"checkpoints are of {theirs} worker(s)); resume with as many")
+    switch = kind in ("off", "on")  # a store_true flag: named alone
+    if dest in CONFIG_OPTIONS and field in config:
+        same = {"off": False, "on": True}.get(kind, value) == config[field]
+        theirs = f"{field} {_value_text(field, config[field])}" if switch else _value_text(
+            field, config[field])
+    else:  # not a setting of the model or its training (or a run.json of before "config")
+        theirs = getattr(saved, dest, None)
+        if dest in _RESUME_PATHS and theirs is not None:
+            same = os.path.realpath(value) == os.path.realpath(theirs)
+        else:
+            same = value == theirs
+        theirs = ("(given)" if theirs else "(not given)") if switch else _value_text(field,
+                                                                                      theirs)
+    if not same:
+        given = flag if switch else f"{flag} {_value_text(field, value)}"
+        raise UsageError(f"{given} differs from the checkpoint's {theirs}; resume with the "
+                         f"checkpoint's flags or start a new run")
+
+
+def _resumed(args, argv):
+    """The arguments of the run ``--resume DIR`` continues: its run.json's argv, with the
+    output flags given beside --resume (`RESUME_OUTPUT_FLAGS`) replacing its own; UsageError
+    on a training flag given with another value than the checkpoint's."""
+    run_dir = args.resume
+    path = os.path.join(run_dir, "run.json")
+    if not os.path.exists(path):
+        raise UsageError(f"{run_dir}: not a run directory of `recops-tf train --out` (no "
+                         f"run.json)")
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        saved_argv = [str(a) for a in record["argv"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    saved = _parser().parse_args(["train", *saved_argv])
+    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    for dest, value in _given(argv).items():
+        if dest in RESUME_OUTPUT_FLAGS:
+            setattr(saved, dest, value)
+        elif dest != "resume":
+            _refuse_differing(dest, value, run_dir, saved, config)
+    saved.out = saved.resume = run_dir
+    return saved
+
+
+def _update_record(out, **fields):
+    """Sets `fields` in OUT/run.json, replaced whole (a kill mid-write leaves the old file: the
+    run stays resumable)."""
+    path = os.path.join(out, "run.json")
+    record = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            record = json.load(f)
+    record.update(fields)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return record
+
+
 def _train(args, argv):
     if args.task == "ranking":
         return _train_ranking(args, argv)
     given = [f"--{n.replace('_', '-')}" for n in _RANKING_ONLY if getattr(args, n) is not None]
     if given:
         raise UsageError(f"{', '.join(given)}: an option of --task ranking")
+    if args.resume:  # before any worker starts: a refused flag is one line, of this process
+        args = _resumed(args, argv)
     multiworker = _multiworker()
 
     if args.workers < 1:
@@ -444,17 +565,6 @@ def _train(args, argv):
     from recops_tf import recommender as rec
 
     resume = bool(args.resume)
-    if resume:
-        run_file = os.path.join(args.resume, "run.json")
-        if not os.path.exists(run_file):
-            raise UsageError(f"{args.resume}: not a run directory of `recops-tf train "
-                             f"--out` (no run.json)")
-        with open(run_file) as f:
-            saved = json.load(f)["argv"]
-        progress_flags = [a for a in argv if a in ("--no-progress",)]
-        run_dir = args.resume
-        args = _parser().parse_args(["train"] + saved + progress_flags)
-        args.out = args.resume = run_dir
     try:
         dataset = _load_data(args)
         _config(args)  # flags checked before the data is profiled
@@ -490,10 +600,15 @@ def _train(args, argv):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         checkpoint_dir = os.path.join(args.out, "checkpoints")
-        if not resume and chief:
+        saved_argv = [a for a in argv if a not in ("--no-progress", "--verbose")]
+        if resume and chief:  # the resumes' own argv: the output flags they gave
+            with open(os.path.join(args.out, "run.json")) as f:
+                resumes = json.load(f).get("resumes", [])
+            _update_record(args.out, resumes=resumes + [saved_argv])
+        elif chief:
             with open(os.path.join(args.out, "run.json"), "w") as f:
-                json.dump({"argv": [a for a in argv if a not in ("--no-progress", "--verbose")],
-                           "config": dataclasses.asdict(config), **fitted}, f, indent=1)
+                json.dump({"argv": saved_argv, "config": dataclasses.asdict(config), **fitted},
+                          f, indent=1)
     import tensorflow as tf
 
     try:
@@ -560,6 +675,7 @@ def _train(args, argv):
         with open(args.json, "w") as f:
             json.dump(metrics, f, indent=1)
     if args.out:
+        _update_record(args.out, metrics=metrics)  # a fresh or resumed run's alike
         path = rec.export(model, dataset, args.out, metrics)
         print(f"exported: {path} (SavedModel), {os.path.join(args.out, 'model.keras')}")
     return 0
@@ -681,6 +797,7 @@ def _serve(args):
         batch_timeout_micros=args.batch_timeout_micros,
         num_batch_threads=args.num_batch_threads, cache_bytes=args.cache_mb << 20,
         poll_seconds=args.poll_seconds, max_request_bytes=args.max_request_mb << 20,
+        max_request_elements=args.max_request_elements,
         intra_op_threads=args.tensorflow_intra_op_parallelism,
         inter_op_threads=args.tensorflow_inter_op_parallelism)
     try:
@@ -847,7 +964,10 @@ def _parser():
     fit.add_argument("--checkpoint-every", type=int,
                      help="with --out, also checkpoint every N steps, 0: only every epoch")
     fit.add_argument("--resume", metavar="DIR", help="continue the run whose --out was DIR "
-                     "from its newest checkpoint, with its own flags (default: a new run)")
+                     "from its newest checkpoint, with its own flags; beside it, --json, "
+                     "--logdir, --no-progress, --checkpoint-every and --worker-timeout apply, "
+                     "and any other flag must equal the run's (else: refused) "
+                     "(default: a new run)")
     fit.add_argument("--logdir", help="write TensorBoard summaries here (default: none)")
     fit.add_argument("--workers", type=int, default=1, help="train with N local worker "
                      "processes (item table sharded, dense weights all-reduced, the same "
@@ -955,6 +1075,10 @@ def _parser():
                        "for a new version (default: 1)")
     serve.add_argument("--max-request-mb", type=_positive_int, default=4,
                        help="largest request body, MiB (default: 4; larger: HTTP 413)")
+    serve.add_argument("--max-request-elements", type=_positive_int, default=4_000_000,
+                       help="most values a request may hold or declare, all its inputs "
+                       "together, checked before anything is built for them (default: "
+                       "4,000,000; more: HTTP 413 / RESOURCE_EXHAUSTED)")
     sub.add_parser("bench", add_help=False, parents=[common],
                    help="benchmark every op against its plain-TensorFlow composite")
     sub.add_parser("info", parents=[common],
