@@ -103,3 +103,26 @@ def test_the_output_flags_are_listed_once_and_in_the_help():
     text = " ".join(dests["resume"].help.split())
     for dest in set(cli.RESUME_OUTPUT_FLAGS) - {"verbose"}:
         assert f"--{dest.replace('_', '-')}" in text, dest
+
+
+def test_a_resume_takes_the_runs_own_worker_count_and_refuses_another(tmp_path):
+    """`--resume DIR` alone relaunches a `--workers 2` run's 2 workers; another N is refused
+    before any worker starts (no TensorFlow, no training: the flags only)."""
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "workers.json").write_text('{"workers": 2}')
+    (out / "run.json").write_text(json.dumps({"argv": [*TINY, "--workers", "2", "--out", "x"],
+                                              "config": {"learning_rate": 0.001}}))
+
+    def resumed(*argv):
+        argv = ["--resume", str(out), *argv]
+        return cli._resumed(cli._parser().parse_args(["train", *argv]), argv)
+
+    assert resumed().workers == 2 and resumed("--workers", "2").workers == 2
+    assert resumed("--worker-timeout", "5").worker_timeout == 5
+    assert resumed().out == str(out) and resumed().max_steps == 2
+    with pytest.raises(cli.UsageError, match="--workers 3 differs from the checkpoint's 2"):
+        resumed("--workers", "3")
+    with pytest.raises(cli.UsageError, match="--learning-rate 0.01 differs from the "
+                       "checkpoint's 0.001"):
+        resumed("--learning-rate", "1e-2")
