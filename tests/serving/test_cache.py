@@ -3,10 +3,20 @@ accounting (no page lost or shared), the user limit, one user larger than the po
 import threading
 
 import numpy as np
+import pytest
 
+from recops_tf.serving import cache as cache_module
 from recops_tf.serving.cache import UserCache
 
 WIDTH = 3
+
+
+@pytest.fixture(autouse=True)
+def weightless_entries(monkeypatch):
+    """The page pool alone: users' entries weigh nothing against the budget here (the budget
+    counts them too: tests/serving/test_validation.py)."""
+    monkeypatch.setattr(cache_module, "ENTRY_BYTES", 0)
+    monkeypatch.setattr(cache_module, "key_bytes", lambda key: 0)
 
 
 def _rows(n, start=0):
