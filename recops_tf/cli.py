@@ -797,6 +797,7 @@ def _serve(args):
         batch_timeout_micros=args.batch_timeout_micros,
         num_batch_threads=args.num_batch_threads, cache_bytes=args.cache_mb << 20,
         poll_seconds=args.poll_seconds, max_request_bytes=args.max_request_mb << 20,
+        max_request_elements=args.max_request_elements,
         intra_op_threads=args.tensorflow_intra_op_parallelism,
         inter_op_threads=args.tensorflow_inter_op_parallelism)
     try:
@@ -1074,6 +1075,10 @@ def _parser():
                        "for a new version (default: 1)")
     serve.add_argument("--max-request-mb", type=_positive_int, default=4,
                        help="largest request body, MiB (default: 4; larger: HTTP 413)")
+    serve.add_argument("--max-request-elements", type=_positive_int, default=4_000_000,
+                       help="most values a request may hold or declare, all its inputs "
+                       "together, checked before anything is built for them (default: "
+                       "4,000,000; more: HTTP 413 / RESOURCE_EXHAUSTED)")
     sub.add_parser("bench", add_help=False, parents=[common],
                    help="benchmark every op against its plain-TensorFlow composite")
     sub.add_parser("info", parents=[common],

@@ -22,7 +22,6 @@ import os
 import re
 import threading
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow.python.eager import context
@@ -248,21 +247,6 @@ class Version:
         defs = meta_graph_pb2.MetaGraphDef().signature_def
         defs.MergeFrom(sm.meta_graphs[0].signature_def)
         return {k: defs[k] for k in sorted(defs) if not k.startswith("__")}
-
-    def item_ids(self, values, what):
-        """Item names (or ids, without a catalogue) -> ids in 1..num_items; RequestError(400)."""
-        if not isinstance(values, list):
-            raise RequestError(400, f"'{what}' must be a list of items")
-        if self.index is not None:
-            ids = [self.index.get(str(v)) for v in values]
-            bad = [v for v, i in zip(values, ids) if i is None]
-        else:
-            ids = [v if isinstance(v, int) and 1 <= v <= self.info.get("num_items", 0) else None
-                   for v in values]
-            bad = [v for v, i in zip(values, ids) if i is None]
-        if bad:
-            raise RequestError(400, f"'{what}': items not in the model's catalogue: {bad[:5]}")
-        return np.asarray(ids, np.int64)
 
 
 def _load_error(error):

@@ -8,63 +8,14 @@ input, the value). The answer is ``{"predictions": ...}`` (rows) or ``{"outputs"
 """
 import base64
 
-import numpy as np
-
 from recops_tf.serving.models import RequestError
+from recops_tf.serving.validation import DEFAULT_MAX_ELEMENTS, Budget, json_tensor
 
 
-def _array(value, dtype, name):
-    """A JSON value -> np.ndarray of the signature's dtype; RequestError(400) otherwise."""
-    if dtype.is_bool:
-        want = np.bool_
-    elif dtype.is_integer or dtype.is_floating:
-        want = dtype.as_numpy_dtype
-    elif dtype == "string":
-        want = object
-    else:
-        raise RequestError(400, f"input '{name}': dtype {dtype.name} is not served over REST")
-    try:
-        if want is object:
-            value = _strings(value)
-            arr = np.array(value, dtype=object)
-        else:
-            arr = np.array(value)
-    except (ValueError, TypeError):
-        raise RequestError(400, f"input '{name}' is not a rectangular array") from None
-    if arr.dtype == object and want is not object:
-        raise RequestError(400, f"input '{name}' is not a rectangular array of numbers")
-    if want is object:
-        return arr
-    if arr.size == 0:
-        return arr.astype(want)
-    kind = arr.dtype.kind
-    if want is np.bool_:
-        if kind != "b":
-            raise RequestError(400, f"input '{name}' must hold booleans")
-        return arr
-    if kind not in "biuf":
-        raise RequestError(400, f"input '{name}' must hold numbers, got {arr.dtype.kind!r}")
-    if np.issubdtype(want, np.integer):
-        if kind == "f" and not np.all(np.mod(arr, 1) == 0):
-            raise RequestError(400, f"input '{name}' must hold integers ({dtype.name})")
-        info = np.iinfo(want)
-        if arr.min() < info.min or arr.max() > info.max:
-            raise RequestError(400, f"input '{name}': a value is out of {dtype.name}'s range")
-    return arr.astype(want)
-
-
-def _strings(value):
-    if isinstance(value, list):
-        return [_strings(v) for v in value]
-    if isinstance(value, dict) and set(value) == {"b64"}:
-        return base64.b64decode(value["b64"])
-    if isinstance(value, str):
-        return value.encode()
-    raise TypeError
-
-
-def request_tensors(body, signature):
-    """``(tensors, row_form)`` of a ``:predict`` body for `signature` (checked)."""
+def request_tensors(body, signature, max_elements=DEFAULT_MAX_ELEMENTS):
+    """``(tensors, row_form)`` of a ``:predict`` body for `signature`, checked by
+    ``validation.json_tensor`` (dtypes exact, integer ranges, at most `max_elements` values
+    in all, counted before any array is built) and against the signature."""
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
     extra = set(body) - {"signature_name", "instances", "inputs"}
@@ -94,12 +45,12 @@ def request_tensors(body, signature):
             columns = {names[0]: given}
         else:
             raise RequestError(400, f"'inputs' must be an object naming the inputs {names}")
-    tensors = {}
+    tensors, budget = {}, Budget(max_elements)
     for key, value in columns.items():
         if key not in signature.inputs:
             raise RequestError(400, f"unknown input '{key}'; signature '{signature.name}' "
                                f"takes {names}")
-        tensors[key] = _array(value, signature.inputs[key][0], key)
+        tensors[key] = json_tensor(value, signature.inputs[key][0], key, budget)
     signature.check(tensors)
     return tensors, "instances" in body
 

@@ -11,11 +11,13 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import re
 import signal
 import sys
 import threading
 import time
 
+import aiohttp.web_protocol
 import grpc
 import numpy as np
 import orjson
@@ -31,6 +33,8 @@ from recops_tf.serving.batching import Batcher, batch_rows
 from recops_tf.serving.cache import ALIGN, UserCache
 from recops_tf.serving.models import RequestError, Versions, log, op_error
 from recops_tf.serving.rest import request_tensors, response_body
+from recops_tf.serving import validation
+from recops_tf.serving.validation import Budget
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
@@ -55,6 +59,9 @@ class Options:
     max_users: int = 1_000_000
     poll_seconds: float = 1.0  # TF Serving's --file_system_poll_wait_seconds
     max_request_bytes: int = 4 << 20
+    # the most values (all inputs, or all of :recommend's lists, together) a request may hold
+    # or declare, checked before anything is built for them
+    max_request_elements: int = validation.DEFAULT_MAX_ELEMENTS
     drain_seconds: float = 10.0
     workers: int = 64  # threads running REST requests
     # TF Serving's --tensorflow_intra_op_parallelism / --tensorflow_inter_op_parallelism: threads
@@ -106,7 +113,8 @@ class ModelServer:
         width = version.info.get("cache_width", 0) if version.cacheable else 0
         dtype = tf.as_dtype(version.info.get("compute_dtype", "float32")).as_numpy_dtype
         version.cache = UserCache(self.options.cache_bytes if width else 0, width, dtype,
-                                  self.options.cache_page_rows, self.options.max_users)
+                                  self.options.cache_page_rows, self.options.max_users,
+                                  on_evict=self.metrics.cache.labels("eviction").inc)
         self.metrics.version.set(version.number)
 
     def poll_forever(self):
@@ -206,15 +214,23 @@ class ModelServer:
                              "candidates"}
         if extra:
             raise RequestError(400, f"unknown fields in the body: {sorted(extra)}")
+        # Everything is checked before the user's cache entry is touched (validation.py).
         user = body.get("user_id")
-        if not isinstance(user, (str, int)) or isinstance(user, bool):
-            raise RequestError(400, "'user_id' (a string or an integer) is required")
-        items = version.item_ids(body.get("items", []), "items")
+        key = validation.user_key(user)
+        budget = Budget(self.options.max_request_elements)
+        items = validation.item_ids(version, body.get("items", []), "items", budget)
         stamps = (None if body.get("timestamps") is None else  # None: given a time below
-                  _timestamps(body["timestamps"], len(items), "timestamps"))
+                  validation.timestamps(body["timestamps"], len(items), "timestamps"))
         history = body.get("history")
-        if history is not None and not isinstance(history, dict):
-            raise RequestError(400, "'history' must be an object with 'items' and 'timestamps'")
+        if history is not None:
+            if not isinstance(history, dict) or set(history) - {"items", "timestamps"}:
+                raise RequestError(400, "'history' must be an object with 'items' and "
+                                   "'timestamps'")
+            past = validation.item_ids(version, history.get("items", []), "history.items",
+                                       budget)
+            past_ts = (None if history.get("timestamps") is None else validation.timestamps(
+                history["timestamps"], len(past), "history.timestamps"))
+            history = past, past_ts
         k = body.get("k", 10)
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= version.info[
                 "num_items"]:
@@ -224,81 +240,100 @@ class ModelServer:
             raise RequestError(400, "'exclude_seen' must be true or false")
         candidates = body.get("candidates")
         if candidates is not None:
-            candidates = version.item_ids(candidates, "candidates")
+            values = candidates
+            candidates = validation.item_ids(version, candidates, "candidates", budget)
             if not len(candidates):
                 raise RequestError(400, "'candidates' is empty")
+            validation.distinct(candidates, values, "candidates")
         try:
-            return self._recommend(version, user, items, stamps, history, k, exclude,
+            return self._recommend(version, key, user, items, stamps, history, k, exclude,
                                    candidates)
         except tf.errors.InvalidArgumentError as e:
             raise RequestError(400, op_error(e)) from None
 
-    def _recommend(self, version, user, items, stamps, history, k, exclude, candidates):
+    def _recommend(self, version, key, user, items, stamps, history, k, exclude, candidates):
         cache, window = version.cache, version.info["max_seq_len"]
-        entry, hit = cache.user(("u", user) if isinstance(user, int) else user)
+        entry, hit = cache.user(key)
         try:
-            return self._answer(version, cache, entry, hit, user, items, stamps, history, k,
-                                exclude, candidates, window)
+            return self._answer(version, cache, entry, hit, key, user, items, stamps, history,
+                                k, exclude, candidates, window)
         finally:
-            cache.release(entry)
+            cache.release(entry, drop_empty=True)  # a refused new user leaves nothing
+            self.metrics.cache_bytes.set(cache.bytes_used)
 
-    def _answer(self, version, cache, entry, hit, user, items, stamps, history, k, exclude,
-                candidates, window):
+    def _answer(self, version, cache, entry, hit, key, user, items, stamps, history, k,
+                exclude, candidates, window):
         with entry.lock:
-            hit = hit and len(entry.items) > 0
-            if stamps is None:  # a second apart, ending now, after the user's last event
-                end = int(time.time())
-                if hit:
-                    end = max(end, int(entry.timestamps[-1]) + len(items))
-                stamps = np.arange(end - len(items) + 1, end + 1, dtype=np.int64)
-            if not hit and history is not None:
-                past = version.item_ids(history.get("items", []), "history.items")
-                past_ts = _timestamps(history.get("timestamps"), len(past), "history.timestamps",
-                                      before=stamps[0] if len(stamps) else None)
-                items, stamps = np.concatenate([past, items]), np.concatenate([past_ts, stamps])
-            if not len(entry.items) and not len(items):
-                raise RequestError(400, f"user {user!r} has no history here: give 'items' (or "
-                                   "'history') for a new or evicted user")
-            state = self._encode(version, cache, entry, user, items, stamps, window)
-            seen = tf.constant(entry.items, tf.int64)
-            if candidates is None:
-                out = version.functions["top_k"](tf.constant(state), seen,
-                                                 tf.constant(k, tf.int32), tf.constant(exclude))
-                top, scores = out["items"].numpy(), out["scores"].numpy()
-            else:
-                scores = version.functions["score_items"](
-                    tf.constant(state), seen, tf.constant(candidates))["scores"].numpy()
-                if exclude:
-                    scores = np.where(np.isin(candidates, entry.items), -np.inf, scores)
-                order = np.argsort(-scores, kind="stable")[:k]
-                top, scores = candidates[order], scores[order]
-            length = len(entry.items)
+            kept = entry.items, entry.timestamps, entry.state
+            try:
+                hit, top, scores, length = self._rank(version, cache, entry, hit, user, key,
+                                                      items, stamps, history, k, exclude,
+                                                      candidates, window)
+            except BaseException:
+                if entry.items is not kept[0]:  # refused once the entry changed: back as it
+                    entry.items, entry.timestamps, entry.state = kept  # was, its rows
+                    cache.reset(entry)  # encoded again by the next request
+                    cache.account(entry)
+                raise
         self.metrics.cache.labels("hit" if hit else "miss").inc()
-        self.metrics.cache_bytes.set(cache.bytes_used)
         names = version.names
         return {"items": [names[i - 1] if names else int(i) for i in top],
                 "scores": [float(s) for s in scores], "history_length": length,
                 "cache": ("hit" if hit else "miss") if cache.num_pages else "off",
                 "model_version": str(version.number)}
 
-    def _encode(self, version, cache, entry, user, items, stamps, window):
+    def _rank(self, version, cache, entry, hit, user, key, items, stamps, history, k, exclude,
+              candidates, window):
+        """``(hit, items, scores, history length)`` of a request, `entry`'s lock held."""
+        hit = hit and len(entry.items) > 0
+        if stamps is None:  # a second apart, ending now, after the user's last event
+            end = int(time.time())
+            if hit:  # the last event is within +-2**61 (validation.MAX_TIMESTAMP), or implied
+                # after such: far from int64's end
+                end = max(end, int(entry.timestamps[-1]) + len(items))
+            stamps = _implied(len(items), end)
+        if not hit and history is not None:
+            past, past_ts = history
+            if past_ts is None:  # a second apart, ending before the new events
+                past_ts = _implied(len(past), int(stamps[0]) - 1 if len(stamps) else
+                                   int(time.time()))
+            items, stamps = np.concatenate([past, items]), np.concatenate([past_ts, stamps])
+        if not len(entry.items) and not len(items):
+            raise RequestError(400, f"user {validation.shown(user)} has no history here: give "
+                               "'items' (or 'history') for a new or evicted user")
+        state = self._encode(version, cache, entry, key, items, stamps, window)
+        seen = tf.constant(entry.items, tf.int64)
+        if candidates is None:
+            out = version.functions["top_k"](tf.constant(state), seen,
+                                             tf.constant(k, tf.int32), tf.constant(exclude))
+            top, scores = out["items"].numpy(), out["scores"].numpy()
+        else:
+            scores = version.functions["score_items"](
+                tf.constant(state), seen, tf.constant(candidates))["scores"].numpy()
+            if exclude:
+                scores = np.where(np.isin(candidates, entry.items), -np.inf, scores)
+            order = np.argsort(-scores, kind="stable")[:k]
+            top, scores = candidates[order], scores[order]
+        return hit, top, scores, len(entry.items)
+
+    def _encode(self, version, cache, entry, key, items, stamps, window):
         """The user's state after `items` (new events) appended to the cached ones; updates
         the entry. With a key/value pool: the new events against the cached rows (re-encoding
         the last `window` events when the history outgrows the window or rows were evicted);
         without: the whole history again."""
-        before = cache.evictions
         all_items = np.concatenate([entry.items, np.asarray(items, np.int64)])
         all_stamps = np.concatenate([entry.timestamps, np.asarray(stamps, np.int64)])
         if len(all_stamps) > 1 and np.any(np.diff(all_stamps[-window:]) < 0):
             raise RequestError(400, "timestamps must not decrease (oldest event first)")
         if not len(items) and entry.state is not None:
             return entry.state
-        entry.items, entry.timestamps = all_items[-window:], all_stamps[-window:]
-        key = ("u", user) if isinstance(user, int) else user
+        # Copies of the window (a slice would keep the whole request's arrays alive).
+        entry.items, entry.timestamps = all_items[-window:].copy(), all_stamps[-window:].copy()
         if not cache.num_pages:
             entry.state = version.functions["user_state"](
                 tf.constant(entry.items, tf.int64),
                 tf.constant(entry.timestamps, tf.int64))["state"].numpy()
+            cache.account(entry)
             return entry.state
         incremental = entry.length and entry.length + len(items) == len(entry.items) and \
             len(all_items) <= window
@@ -316,9 +351,9 @@ class ModelServer:
         out = version.functions[name](tf.constant(new_items, tf.int64),
                                       tf.constant(new_stamps, tf.int64), _shared(past),
                                       tf.constant(past_ts, tf.int64))
-        cache.append(key, entry, out["rows"].numpy())
-        self.metrics.cache.labels("eviction").inc(cache.evictions - before)
+        cache.append(key, entry, out["rows"].numpy())  # evictions counted by the cache
         entry.state = out["state"].numpy()
+        cache.account(entry)
         return entry.state
 
 
@@ -346,16 +381,9 @@ def _settle(future, task):
         future.set_result(task.result)
 
 
-def _timestamps(values, n, what, before=None):
-    """Timestamps given (ints, one per item) or, when absent, one event a second ending now
-    (or ending before `before`)."""
-    if values is None:
-        end = int(time.time()) if before is None else int(before) - 1
-        return np.arange(end - n + 1, end + 1, dtype=np.int64)
-    if not isinstance(values, list) or len(values) != n or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in values):
-        raise RequestError(400, f"'{what}' must be a list of {n} integers (one per item)")
-    return np.asarray(values, np.int64)
+def _implied(n, end):
+    """The timestamps of `n` events given none: a second apart, the last at `end`."""
+    return np.arange(end - n + 1, end + 1, dtype=np.int64)
 
 
 # -- REST ----------------------------------------------------------------------------------
@@ -398,10 +426,17 @@ def rest_app(server, executor, connections=None):
 
     def version_of(request):
         v = request.match_info.get("version")
-        return int(v) if v is not None else None
+        return validation.version_number(v) if v is not None else None
 
     async def body_of(request):
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.HTTPException:  # 413: answered by the error middleware
+            raise
+        except aiohttp.web_protocol.RequestPayloadError:  # e.g. gzip declared, not sent
+            encoding = request.headers.get("Content-Encoding", "")
+            raise RequestError(400, f"the body does not decode as its Content-Encoding "
+                               f"{validation.shown(encoding)} says") from None
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -433,7 +468,8 @@ def rest_app(server, executor, connections=None):
             if name is not None and not isinstance(name, str):
                 raise RequestError(400, "'signature_name' must be a string")
             signature = version.signature(name)
-            return (version, signature) + request_tensors(body, signature)
+            return (version, signature) + request_tensors(body, signature,
+                                                          opts.max_request_elements)
 
         def work():
             version, signature, tensors, rows = parse()
@@ -533,7 +569,9 @@ def rest_app(server, executor, connections=None):
             return _error(500, INTERNAL_ERROR)
 
     app = web.Application(middlewares=[counted, errors], client_max_size=opts.max_request_bytes)
-    name, ver = r"{name:[^/:]+}", r"/versions/{version:\d+}"
+    # Any version text reaches version_of, which answers 404 for what is not a version (5,000
+    # digits, "³", "١": \d matches them all).
+    name, ver = r"{name:[^/:]+}", r"/versions/{version:[^/:]+}"
     for prefix in (f"/v1/models/{name}", f"/v1/models/{name}{ver}"):
         app.router.add_get(prefix, status)
         app.router.add_get(prefix + "/metadata", metadata)
@@ -542,6 +580,33 @@ def rest_app(server, executor, connections=None):
     app.router.add_get("/monitoring/prometheus/metrics", metrics)
     app.router.add_get("/healthz", health)
     return app
+
+
+class _JsonErrorHandler(aiohttp.web_protocol.RequestHandler):
+    """aiohttp's connection handler, whose own answers to what never reaches the application
+    (an HTTP request it cannot parse, a Content-Encoding it cannot decode, a header too long)
+    are ``{"error": "one line"}`` as every other error, not aiohttp's plain text."""
+    __slots__ = ()
+
+    def handle_error(self, request, status=500, exc=None, message=None):
+        super().handle_error(request, status, exc, message)  # its log; raises once an answer
+        if status >= 500:  # began
+            text = INTERNAL_ERROR
+        else:
+            lines = [line.strip() for line in str(message or getattr(exc, "message", "")
+                                                  or "").splitlines() if line.strip()]
+            line = re.sub(r"[:.]?\s*b['\"].*$", "", lines[0]).rstrip(":. ") if lines else ""
+            text = "bad HTTP request" + (f": {line}"[:300] if line else "")  # not its bytes
+        response = _error(status, text)
+        response.force_close()
+        return response
+
+
+class _JsonErrors(web.Server):
+    """aiohttp's server with ``_JsonErrorHandler``s."""
+
+    def __call__(self):
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
 
 
 # -- gRPC ----------------------------------------------------------------------------------
@@ -597,10 +662,12 @@ def grpc_server(server, address, executor):
     def parse(request):
         version = server.model(request.model_spec.name, spec_version(request.model_spec))
         signature = version.signature(request.model_spec.signature_name)
-        try:
-            tensors = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
-        except Exception as e:  # noqa: BLE001
-            raise RequestError(400, f"an input TensorProto is malformed: {e}") from None
+        given = set(request.inputs)
+        if given != set(signature.inputs):
+            signature.check(dict.fromkeys(given))  # names what is missing or unexpected
+        budget = Budget(opts.max_request_elements)  # every input's declared size, counted
+        tensors = {k: validation.proto_tensor(v, signature.inputs[k][0], k, budget)  # first
+                   for k, v in request.inputs.items()}
         signature.check(tensors)
         return version, signature, tensors
 
@@ -731,6 +798,7 @@ class Running:
                                         shutdown_timeout=options.drain_seconds,
                                         access_log=None, handle_signals=False)
             self.loop.run_until_complete(self.runner.setup())
+            self.runner.server.__class__ = _JsonErrors  # aiohttp's own errors in JSON too
             site = web.TCPSite(self.runner, options.host, options.rest_port)
             self.loop.run_until_complete(site.start())
             self.rest_port = site._server.sockets[0].getsockname()[1]
