@@ -84,7 +84,8 @@ class _Metrics:
         self.cache = prom.Counter("recops_serving_user_cache_events",
                                   "User cache hits, misses and evictions", ["event"], registry=r)
         self.cache_bytes = prom.Gauge("recops_serving_user_cache_bytes",
-                                      "Bytes of the user cache's pages in use", registry=r)
+                                      "Bytes the users' cache keeps: its pages in use, and "
+                                      "each user's id, events and state", registry=r)
         self.version = prom.Gauge("recops_serving_model_version", "The version served",
                                   registry=r)
 
