@@ -782,7 +782,8 @@ def _serve(args):
                              "0..65535 (0: any free port, -1: off)")
     for flag, value, bound in (("--cache-mb", args.cache_mb, ">= 0"),
                                ("--batch-timeout-micros", args.batch_timeout_micros, ">= 0"),
-                               ("--poll-seconds", args.poll_seconds, "> 0")):
+                               ("--poll-seconds", args.poll_seconds, "> 0"),
+                               ("--read-timeout", args.read_timeout, "> 0")):
         if not (value >= 0 if bound == ">= 0" else value > 0):
             raise UsageError(f"{flag} {value}: must be {bound}")
     try:
@@ -797,7 +798,7 @@ def _serve(args):
         batch_timeout_micros=args.batch_timeout_micros,
         num_batch_threads=args.num_batch_threads, cache_bytes=args.cache_mb << 20,
         poll_seconds=args.poll_seconds, max_request_bytes=args.max_request_mb << 20,
-        max_request_elements=args.max_request_elements,
+        max_request_elements=args.max_request_elements, read_timeout=args.read_timeout,
         intra_op_threads=args.tensorflow_intra_op_parallelism,
         inter_op_threads=args.tensorflow_inter_op_parallelism)
     try:
@@ -1079,6 +1080,11 @@ def _parser():
                        help="most values a request may hold or declare, all its inputs "
                        "together, checked before anything is built for them (default: "
                        "4,000,000; more: HTTP 413 / RESOURCE_EXHAUSTED)")
+    serve.add_argument("--read-timeout", type=float, default=30.0,
+                       help="seconds a REST request's headers may take from their first byte, "
+                       "and its body from its headers (default: 30; later: HTTP 408 and the "
+                       "connection closed); also how long SIGTERM waits for a request still "
+                       "being read")
     sub.add_parser("bench", add_help=False, parents=[common],
                    help="benchmark every op against its plain-TensorFlow composite")
     sub.add_parser("info", parents=[common],

@@ -63,6 +63,10 @@ class Options:
     # or declare, checked before anything is built for them
     max_request_elements: int = validation.DEFAULT_MAX_ELEMENTS
     drain_seconds: float = 10.0
+    # A REST request's headers must arrive within this many seconds of their first byte, and
+    # its body within this many seconds of its headers; else 408 and the connection closed.
+    read_timeout: float = 30.0
+    large_threads: int = 1  # threads of the large requests' lane (see LARGE_ELEMENTS)
     workers: int = 64  # threads running REST requests
     # TF Serving's --tensorflow_intra_op_parallelism / --tensorflow_inter_op_parallelism: threads
     # of one op / of a call's independent ops (0: TensorFlow's choice, a thread a core)
@@ -116,6 +120,13 @@ class ModelServer:
         version.cache = UserCache(self.options.cache_bytes if width else 0, width, dtype,
                                   self.options.cache_page_rows, self.options.max_users,
                                   on_evict=self.metrics.cache.labels("eviction").inc)
+        # Warmed before it is served: its status says LOADING (and, at start, /healthz is not
+        # ready) until then, and its first requests do not pay TensorFlow's first calls.
+        began = time.perf_counter()
+        for name, error in version.warm_up():
+            log.warning("version %d: the warm-up call of %s with a tiny input failed (%s); "
+                        "serving it anyway", version.number, name, error)
+        log.info("version %d warmed up in %.2f s", version.number, time.perf_counter() - began)
         self.metrics.version.set(version.number)
 
     def poll_forever(self):
@@ -178,9 +189,12 @@ class ModelServer:
             self._in_flight += delta
 
     def batchable(self, signature, tensors):
+        """Whether a request joins a batch: a batchable signature, at most ``max_batch_size``
+        rows and at most ``LARGE_ELEMENTS`` values (a large request would make every request
+        of its batch wait for its cost: it runs alone, on the large requests' lane)."""
         rows = batch_rows(signature, tensors)
         return (self.batcher is not None and rows is not None
-                and rows <= self.options.max_batch_size)
+                and rows <= self.options.max_batch_size and not large(tensors))
 
     def predict(self, version, signature, tensors, batch=True):
         """`signature`'s outputs for `tensors`: from a batch where it can join one (unless
@@ -400,12 +414,49 @@ def _error(status, message):
 INTERNAL_ERROR = "internal error (the server log has its details)"
 
 # A :predict request (REST body, gRPC message) up to this size is parsed on the event loop when
-# batching is on (a few rows: tens of microseconds); larger ones on a worker thread.
+# batching is on (a few rows: tens of microseconds); a larger one is large (below).
 INLINE_BYTES = 16 << 10
+# A request is *large* when its body (REST) or message (gRPC) is over INLINE_BYTES, or its
+# tensors hold (or a TensorProto declares) over LARGE_ELEMENTS values. A large request never
+# joins a batch (its cost would be every request's of its batch: a 3 MB :predict of 300,000
+# items costs 60 ms batched with 8 small ones, which alone cost 0.7 ms) and is decoded, parsed
+# and run on the large requests' lane, its own threads (``Options.large_threads``, 1): large
+# requests wait for each other there, never in front of small ones, and none of their work is
+# on the event loop. 8,192 values: what 16 KiB of JSON ("1," a value) can hold.
+LARGE_ELEMENTS = 8192
 
 
-def rest_app(server, executor, connections=None):
+def large(tensors):
+    """Whether `tensors` (name -> np.ndarray) hold over LARGE_ELEMENTS values."""
+    return sum(v.size for v in tensors.values()) > LARGE_ELEMENTS
+
+
+def _declared(request):
+    """Whether a PredictRequest's TensorProtos declare over LARGE_ELEMENTS values (their
+    shapes, before anything is built; validation refuses what is over the request limit)."""
+    total = 0
+    for proto in request.inputs.values():
+        size = 1
+        for dim in proto.tensor_shape.dim:
+            size *= max(dim.size, 0)
+            if size > LARGE_ELEMENTS:
+                return True
+        total += size
+        if total > LARGE_ELEMENTS:
+            return True
+    return False
+
+
+def _loads(raw):
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise RequestError(400, f"malformed JSON: {e}") from None
+
+
+def rest_app(server, executor, connections=None, lane=None):
     """The aiohttp application of TF Serving's REST API, ``:recommend``, metrics and health.
+    Large requests (``LARGE_ELEMENTS``) run on `lane` (an executor; default `executor`).
 
     ``connections()``, if given, counts the REST server's open connections. A small request on
     the only one, with no other request in flight on either API, is answered on the event loop:
@@ -422,26 +473,33 @@ def rest_app(server, executor, connections=None):
         return connections is not None and active[0] == 1 and \
             server._in_flight == int(predicting) and connections() == 1
 
+    lane = lane or executor
+
     async def run(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    async def on_lane(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(lane, fn, *args)
 
     def version_of(request):
         v = request.match_info.get("version")
         return validation.version_number(v) if v is not None else None
 
     async def body_of(request):
+        """The request's body, bytes; all of it within ``read_timeout`` seconds of its headers
+        (else 408, and the connection is closed)."""
         try:
-            raw = await request.read()
+            async with asyncio.timeout(opts.read_timeout):
+                return await request.read()
+        except TimeoutError:
+            raise RequestError(408, f"the body did not arrive within {opts.read_timeout:g} s "
+                               "of the request's headers (--read-timeout)") from None
         except web.HTTPException:  # 413: answered by the error middleware
             raise
         except aiohttp.web_protocol.RequestPayloadError:  # e.g. gzip declared, not sent
             encoding = request.headers.get("Content-Encoding", "")
             raise RequestError(400, f"the body does not decode as its Content-Encoding "
                                f"{validation.shown(encoding)} says") from None
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise RequestError(400, f"malformed JSON: {e}") from None
 
     async def status(request):
         versions = await run(server.status, request.match_info["name"], version_of(request))
@@ -461,9 +519,13 @@ def rest_app(server, executor, connections=None):
                 for k, v in defs.items()}}}})
 
     async def predict(request):
-        body = await body_of(request)
+        raw = await body_of(request)
+        body = None
 
         def parse():
+            nonlocal body
+            if body is None:
+                body = _loads(raw)
             version = server.model(request.match_info["name"], version_of(request))
             name = body.get("signature_name") if isinstance(body, dict) else None
             if name is not None and not isinstance(name, str):
@@ -476,6 +538,9 @@ def rest_app(server, executor, connections=None):
             version, signature, tensors, rows = parse()
             return response_body(server.predict(version, signature, tensors), rows)
 
+        def alone(version, signature, tensors, rows):
+            return response_body(server.predict(version, signature, tensors, batch=False), rows)
+
         async def inline():
             version, signature, tensors, rows = parse()
             return response_body(server.predict(version, signature, tensors, batch=False), rows)
@@ -485,21 +550,23 @@ def rest_app(server, executor, connections=None):
             # large one, or one that cannot join a batch, runs on a worker thread.
             version, signature, tensors, rows = parse()
             if not server.batchable(signature, tensors):
-                return await asyncio.get_running_loop().run_in_executor(
-                    executor, lambda: response_body(server.predict(version, signature,
-                                                                   tensors), rows))
+                return await (on_lane if large(tensors) else run)(alone, version, signature,
+                                                                  tensors, rows)
             return response_body(await server.predict_batched(version, signature, tensors),
                                  rows)
 
         server.predicting(+1)
         active[0] += 1
         try:
-            small = (request.content_length or 0) <= INLINE_BYTES
-            if small and lone(True):
+            small = len(raw) <= INLINE_BYTES
+            if not small:
+                answer = await on_lane(work)  # never batched: over LARGE_ELEMENTS values, or
+                # a batch of few values in many bytes (rare)
+            elif lone(True):
                 answer = await inline()
             elif small and server.batcher is not None:
                 answer = await batched()
-            else:
+            else:  # small, no batching
                 answer = await run(work)
             return _json(answer)
         finally:
@@ -507,9 +574,10 @@ def rest_app(server, executor, connections=None):
             server.predicting(-1)
 
     async def recommend(request):
-        body = await body_of(request)
+        raw = await body_of(request)
 
         def work():
+            body = _loads(raw)
             version = server.model(request.match_info["name"], version_of(request))
             return server.recommend(version, body)
 
@@ -518,7 +586,9 @@ def rest_app(server, executor, connections=None):
 
         active[0] += 1
         try:
-            if (request.content_length or 0) <= INLINE_BYTES and lone(False):
+            if len(raw) > INLINE_BYTES:
+                return _json(await on_lane(work))
+            if lone(False):
                 return _json(await inline())
             return _json(await run(work))
         finally:
@@ -561,7 +631,10 @@ def rest_app(server, executor, connections=None):
         try:
             return await handler(request)
         except RequestError as e:
-            return _error(e.status, e.message)
+            response = _error(e.status, e.message)
+            if e.status == 408:  # the rest of a late body is not waited for
+                response.force_close()
+            return response
         except web.HTTPException as e:  # 404 no route, 405, 413 too large, ...
             return _error(e.status, e.reason if e.status != 413 else
                           f"the request is larger than {opts.max_request_bytes} bytes")
@@ -586,8 +659,83 @@ def rest_app(server, executor, connections=None):
 class _JsonErrorHandler(aiohttp.web_protocol.RequestHandler):
     """aiohttp's connection handler, whose own answers to what never reaches the application
     (an HTTP request it cannot parse, a Content-Encoding it cannot decode, a header too long)
-    are ``{"error": "one line"}`` as every other error, not aiohttp's plain text."""
-    __slots__ = ()
+    are ``{"error": "one line"}`` as every other error, not aiohttp's plain text; with
+
+    * a header read timeout: a request's headers must arrive within ``read_timeout`` seconds
+      of their first byte, else 408 ``{"error": ...}`` and the connection is closed (an idle
+      keep-alive connection, no byte of a request sent, is aiohttp's keep-alive timeout's);
+    * a drain that answers what it began: at shutdown (``_JsonErrors.pre_shutdown``) an idle
+      connection is closed at once, while one in the middle of a request (a byte of its
+      headers received, its body being read, its handler running) goes on reading it, answers
+      it with ``Connection: close`` and closes; it is waited for up to ``read_timeout`` (the
+      read's own bound) plus the drain's timeout. aiohttp's own shutdown stops reading such a
+      connection at once: an upload in progress would get no answer (issue 54, case 14)."""
+    __slots__ = ("_began", "_header_timer", "_draining", "_read_timeout")
+
+    def data_received(self, data):
+        count = self._request_count
+        super().data_received(data)
+        if not data or self._force_close or self._close:
+            return
+        if self._request_count != count:  # a request's headers are complete
+            self._began = False
+            self._cancel_header_timer()
+        elif not (self._began or self._request_in_progress or self._messages
+                  or self._payload_parser is not None):
+            self._began = True  # the first bytes of a request's headers
+            self._header_timer = self._loop.call_later(self._read_timeout, self._headers_late)
+
+    def _cancel_header_timer(self):
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self):
+        self._header_timer = None
+        if (not self._began or self._request_in_progress or self._messages
+                or self.transport is None or self._force_close):
+            return
+        body = orjson.dumps({"error": f"the request's headers did not arrive within "
+                                      f"{self._read_timeout:g} s of their first byte "
+                                      "(--read-timeout)"})
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json"
+                             b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                             % len(body) + body)
+        on_late = getattr(self._manager, "on_header_timeout", None)
+        if on_late is not None:
+            on_late()
+        self.force_close()  # the transport flushes the answer, then closes
+
+    async def finish_response(self, request, resp, start_time):
+        self._began = False  # what came before this answer was this request's
+        self._cancel_header_timer()
+        if self._draining:
+            resp.force_close()  # Connection: close, and the connection ends after it
+        return await super().finish_response(request, resp, start_time)
+
+    def drain(self):
+        """At shutdown: closes an idle connection; lets one in the middle of a request read
+        it to its end and answer it, then close."""
+        if self._began or self._request_in_progress or self._messages:
+            self._draining = True
+        else:
+            self.close()
+
+    async def shutdown(self, timeout=15.0):
+        task = self._task_handler
+        if self._draining and task is not None and not task.done():
+            try:
+                async with asyncio.timeout(self._read_timeout + (timeout or 0)):
+                    await asyncio.shield(task)
+            except (TimeoutError, asyncio.CancelledError):
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+        await super().shutdown(timeout)
+
+    def connection_lost(self, exc):
+        self._cancel_header_timer()
+        super().connection_lost(exc)
 
     def handle_error(self, request, status=500, exc=None, message=None):
         super().handle_error(request, status, exc, message)  # its log; raises once an answer
@@ -604,18 +752,30 @@ class _JsonErrorHandler(aiohttp.web_protocol.RequestHandler):
 
 
 class _JsonErrors(web.Server):
-    """aiohttp's server with ``_JsonErrorHandler``s."""
+    """aiohttp's server with ``_JsonErrorHandler``s (``read_timeout`` and
+    ``on_header_timeout`` set by ``Running``)."""
+    read_timeout = 30.0
+    on_header_timeout = None
 
     def __call__(self):
-        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+        handler = _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+        handler._began, handler._header_timer, handler._draining = False, None, False
+        handler._read_timeout = self.read_timeout
+        return handler
+
+    def pre_shutdown(self):
+        for conn in list(self._connections):
+            conn.drain()
 
 
 # -- gRPC ----------------------------------------------------------------------------------
-def grpc_server(server, address, executor):
+def grpc_server(server, address, executor, lane=None):
     """A ``grpc.aio`` server with TF Serving's PredictionService and ModelService, to start on
     the REST server's event loop; ``(server, port)``. A batchable Predict waits for its batch
-    on the loop; every other request runs on `executor`."""
+    on the loop; a large one (``LARGE_ELEMENTS``) is decoded, parsed and run on `lane` (an
+    executor; default `executor`); every other request runs on `executor`."""
     opts = server.options
+    lane = lane or executor
 
     def served(api, message, behaviour):
         """The one place a gRPC request is decoded, answered and counted: `behaviour`
@@ -627,12 +787,8 @@ def grpc_server(server, address, executor):
             began = time.perf_counter()
             code, details = grpc.StatusCode.CANCELLED, ""
             try:
-                try:
-                    request = message.FromString(raw)
-                except Exception:  # noqa: BLE001  (protobuf's DecodeError, and kin)
-                    raise RequestError(400, f"the request is not a "
-                                       f"{message.DESCRIPTOR.full_name} (its bytes do not "
-                                       "decode)") from None
+                request = (decode(message, raw) if len(raw) <= INLINE_BYTES else  # large: off
+                           await on_lane(lambda: decode(message, raw)))  # the event loop
                 response = await behaviour(request)
                 code = grpc.StatusCode.OK
                 return response
@@ -647,8 +803,18 @@ def grpc_server(server, address, executor):
             await context.abort(code, details)
         return handle
 
+    def decode(message, raw):
+        try:
+            return message.FromString(raw)
+        except Exception:  # noqa: BLE001  (protobuf's DecodeError, and kin)
+            raise RequestError(400, f"the request is not a {message.DESCRIPTOR.full_name} "
+                               "(its bytes do not decode)") from None
+
     def in_executor(fn):
         return asyncio.get_running_loop().run_in_executor(executor, fn)
+
+    def on_lane(fn):
+        return asyncio.get_running_loop().run_in_executor(lane, fn)
 
     def spec_version(spec):
         return spec.version.value if spec.HasField("version") else None
@@ -674,17 +840,21 @@ def grpc_server(server, address, executor):
 
     async def predict_work(request):
         # As REST's: a small batchable request is parsed on the event loop and waits for its
-        # batch there; a large one, or one that cannot join a batch, runs on a worker thread.
-        if server.batcher is not None and request.ByteSize() <= INLINE_BYTES:
+        # batch there; a large one (in bytes or in the values its shapes declare) is parsed
+        # and run alone on the large requests' lane; any other on a worker thread.
+        def work():
+            version, signature, tensors = parse(request)
+            return version, signature, server.predict(version, signature, tensors)
+
+        if request.ByteSize() > INLINE_BYTES or _declared(request):
+            version, signature, outputs = await on_lane(work)
+        elif server.batcher is not None:
             version, signature, tensors = parse(request)
             if server.batchable(signature, tensors):
                 outputs = await server.predict_batched(version, signature, tensors)
             else:
                 outputs = await in_executor(lambda: server.predict(version, signature, tensors))
         else:
-            def work():
-                version, signature, tensors = parse(request)
-                return version, signature, server.predict(version, signature, tensors)
             version, signature, outputs = await in_executor(work)
         wanted = set(request.output_filter) or set(outputs)
         unknown = wanted - set(outputs)
@@ -782,24 +952,30 @@ class Running:
         _set_threads(options.intra_op_threads, options.inter_op_threads)
         self.server = ModelServer(options)
         self.executor = concurrent.futures.ThreadPoolExecutor(options.workers)
+        self.lane = concurrent.futures.ThreadPoolExecutor(  # the large requests' (LARGE_ELEMENTS)
+            options.large_threads, thread_name_prefix="recops-large")
         self.loop = _new_loop()
         self.rest_port = self.grpc_port = None
         self.grpc = None
         if options.grpc_port >= 0:
             async def make():  # grpc.aio binds the server to the running loop
                 return grpc_server(self.server, f"{options.host}:{options.grpc_port}",
-                                   self.executor)
+                                   self.executor, self.lane)
             self.grpc, self.grpc_port = self.loop.run_until_complete(make())
             self.loop.run_until_complete(self.grpc.start())
         self.runner = None
         if options.rest_port >= 0:
             app = rest_app(self.server, self.executor,
-                           connections=lambda: len(self.runner.server.connections))
+                           connections=lambda: len(self.runner.server.connections),
+                           lane=self.lane)
             self.runner = web.AppRunner(app,
                                         shutdown_timeout=options.drain_seconds,
                                         access_log=None, handle_signals=False)
             self.loop.run_until_complete(self.runner.setup())
             self.runner.server.__class__ = _JsonErrors  # aiohttp's own errors in JSON too
+            self.runner.server.read_timeout = options.read_timeout
+            self.runner.server.on_header_timeout = self.server.metrics.requests.labels(
+                "rest_other", "408").inc
             site = web.TCPSite(self.runner, options.host, options.rest_port)
             self.loop.run_until_complete(site.start())
             self.rest_port = site._server.sockets[0].getsockname()[1]
@@ -811,8 +987,10 @@ class Running:
                  f"{options.host}:{self.grpc_port}", flush=True)
 
     def serve_forever(self):
-        """Runs until SIGTERM or SIGINT, then drains: no new connections, requests in flight
-        answered (at most ``drain_seconds``)."""
+        """Runs until SIGTERM or SIGINT, then drains: no new connections, idle ones closed,
+        requests begun (REST: a byte of them received, a body still being read; gRPC: calls
+        started) read to their end and answered (at most ``read_timeout`` +
+        ``drain_seconds``)."""
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, stop.set)
@@ -832,4 +1010,5 @@ class Running:
         self.loop.run_until_complete(drain())
         self.server.close()
         self.executor.shutdown(wait=True)
+        self.lane.shutdown(wait=True)
         self.loop.close()
