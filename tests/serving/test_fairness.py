@@ -263,3 +263,12 @@ def test_requests_being_read_at_sigterm_are_read_to_their_end_and_answered(base)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_cli_read_timeout_must_be_positive(value, capsys):
+    from recops_tf import cli
+
+    assert cli.main(["serve", "--model", ".", "--read-timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert f"--read-timeout {value}" in err and len(err.strip().splitlines()) == 1, err
