@@ -7,8 +7,8 @@ replicate; the dense weights are data-parallel (gradients summed with the group'
 
 * One machine: ``--workers N`` starts N local worker processes (``launch``) on free ports of
   127.0.0.1 and watches them: a worker that exits with an error, or is killed, stops the job
-  (the others are ended) with its name in the error; one that hangs makes the others' next
-  collective fail after the group's timeout.
+  (the others are ended) with its name in the error; one that stops answering (stopped,
+  hung) is named by the others' watchdogs after ``--worker-timeout`` (``_Watchdog``).
 * A cluster: every machine runs the same ``recops-tf train ...`` with ``TF_CONFIG`` naming
   the cluster's workers and its own index (``tf.distribute``'s convention); each process is
   then one worker (``cluster_group``).
@@ -32,28 +32,95 @@ WORKER_ENV = "RECOPS_WORKER"  # set by `launch` in the workers it starts
 
 
 class _Watchdog:
-    """Ends this worker (exit status 1, one line naming the group failure) when it makes no
-    progress (`beat`) for `timeout` seconds, `startup` before the first beat. The group's
-    collectives have no timeout of their own: TensorFlow keeps a sleeping thread per
-    collective for its timeout, thousands at a training step's rate."""
+    """Ends this worker (exit status 1, one line naming the group failure) when the group
+    cannot go on. The group's collectives have no timeout of their own (TensorFlow keeps a
+    sleeping thread per collective for its timeout: thousands at a training step's rate), so
+    a peer that stops answering would leave this worker waiting for ever.
 
-    def __init__(self, rank, timeout, startup):
-        self.rank, self.timeout, self.allowance = rank, timeout, startup
+    * A peer stopped or hung: a thread of this worker's own asks every peer's TensorFlow
+      server for its status (the worker service's ``GetStatus``, over gRPC) every few
+      seconds. A peer that answered once and has then given no answer for `timeout` seconds
+      is stopped (SIGSTOP, a frozen machine or link): this worker ends, naming it. The answer
+      comes from the peer's gRPC threads, not from its training loop, so it does not depend
+      on what the peer is doing or on the machine's load: a peer tracing a function, writing
+      its first checkpoint or evaluating on a loaded machine answers in milliseconds.
+    * No progress: no `beat` (a training step, an evaluation batch) for `stall` seconds while
+      every peer answers (a deadlock). A backstop with a generous bound: progress is a
+      measure of work, and a peer's one-time work (tracing, its first checkpoint, an
+      evaluation) counts against it on every worker waiting for that peer, for as long as
+      the machine's load makes it last; a bound of `timeout` on it ended healthy groups on a
+      loaded machine, naming the wrong worker.
+
+    `peers`: ``{rank: "host:port"}`` of the other workers' servers (None: progress only)."""
+
+    def __init__(self, rank, timeout, stall, peers=None):
+        self.rank, self.timeout, self.stall = rank, float(timeout), float(stall)
         self.last, self.stopped = time.monotonic(), False
+        self.peers = dict(peers or {})
+        # each probe's deadline, and the probes' period: several probes within the timeout
+        self.probe = min(max(self.timeout / 4, 0.5), 5.0)
         threading.Thread(target=self._watch, daemon=True, name="recops-watchdog").start()
+        if self.peers:
+            threading.Thread(target=self._probe_peers, daemon=True,
+                             name="recops-peer-probe").start()
 
     def beat(self):
-        self.last, self.allowance = time.monotonic(), self.timeout
+        self.last = time.monotonic()
+
+    def _fail(self, why):
+        if self.stopped:
+            return
+        sys.stderr.write(f"recops-tf train: error: worker {self.rank}: the group failed "
+                         f"({why})\n")
+        sys.stderr.flush()
+        os._exit(1)
 
     def _watch(self):
         while not self.stopped:
-            time.sleep(min(1.0, self.timeout / 4))
+            time.sleep(min(1.0, self.stall / 4))
             idle = time.monotonic() - self.last
-            if idle > self.allowance and not self.stopped:
-                sys.stderr.write(f"recops-tf train: error: worker {self.rank}: the group failed "
-                                 f"(no progress for {idle:.0f} s: a worker stopped answering)\n")
-                sys.stderr.flush()
-                os._exit(1)
+            if idle > self.stall:
+                self._fail(f"no progress for {idle:.0f} s while every worker answered: the "
+                           f"workers are stuck")
+
+    def _probe_peers(self):
+        import grpc
+
+        options = [("grpc.enable_http_proxy", 0),  # a peer is reached directly
+                   ("grpc.initial_reconnect_backoff_ms", 200),
+                   ("grpc.min_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+        calls = {}
+        for rank, address in self.peers.items():
+            channel = grpc.insecure_channel(address, options=options)
+            # bytes in, bytes out: any answer is an answer (an empty GetStatusRequest)
+            calls[rank] = channel.unary_unary("/tensorflow.WorkerService/GetStatus")
+        silent = {}  # rank: when its current run of unanswered probes began
+        armed = set()  # the peers that answered once (a peer starting up is not silent)
+        while not self.stopped:
+            began = time.monotonic()
+            for rank, call in calls.items():
+                start = time.monotonic()
+                try:
+                    call(b"", timeout=self.probe, wait_for_ready=True)
+                    armed.add(rank)
+                    silent.pop(rank, None)
+                    continue
+                except grpc.RpcError:
+                    pass
+                now = time.monotonic()
+                if now - start > 2 * self.probe + 1.0:
+                    # this worker itself was stopped (the probe outlived its deadline): the
+                    # silence is not the peer's
+                    silent.clear()
+                    break
+                if rank not in armed:
+                    continue
+                since = silent.setdefault(rank, start)
+                if now - since >= self.timeout:
+                    self._fail(f"worker {rank} stopped answering: no answer for "
+                               f"{now - since:.0f} s")
+            time.sleep(max(self.probe - (time.monotonic() - began), 0.05))
 
 
 _WATCHDOG = []
@@ -66,7 +133,7 @@ def beat():
 
 
 def stop_watchdog():
-    """After the last collective (the chief then exports alone)."""
+    """After the last collective (the chief then exports alone, the others exit)."""
     if _WATCHDOG:
         _WATCHDOG[0].stopped = True
 
@@ -74,8 +141,9 @@ def stop_watchdog():
 def cluster_group(timeout=60.0):
     """This process's ``Group`` when ``TF_CONFIG`` names a cluster of several workers, else
     None. Joins the cluster (TensorFlow's gRPC server of this worker starts here), and starts
-    the watchdog that ends the worker after `timeout` seconds without progress (10 minutes
-    before training starts: reading and profiling the data)."""
+    the watchdog (`_Watchdog`): it ends the worker when a peer that answered has stopped
+    answering for `timeout` seconds, or when the group makes no progress for 10 minutes
+    (10 x `timeout` when longer)."""
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     workers = config.get("cluster", {}).get("worker") or []
     if len(workers) < 2:
@@ -86,7 +154,9 @@ def cluster_group(timeout=60.0):
     from recops_tf import distributed
 
     group = distributed.connect(workers, int(task["index"]), timeout=None)
-    _WATCHDOG[:] = [_Watchdog(group.rank, float(timeout), max(600.0, float(timeout)))]
+    peers = {i: address for i, address in enumerate(workers) if i != group.rank}
+    _WATCHDOG[:] = [_Watchdog(group.rank, float(timeout), max(600.0, 10 * float(timeout)),
+                              peers)]
     return group
 
 
@@ -137,7 +207,8 @@ def launch(argv, workers, log_dir=None, poll=0.2, settle=15.0):
     others' output) go to ``log_dir/worker-<i>.log`` (a temporary directory when None). When
     a worker is killed or fails, the others are ended and the error names it: the worker
     killed, else the one that failed for a reason of its own, else the one still running when
-    the others' collectives timed out waiting (hung). All exit 0: 0."""
+    the others failed waiting for it (hung: the one their watchdogs found silent, else the
+    first still running after `settle` seconds). All exit 0: 0."""
     import tempfile
 
     log_dir = log_dir or tempfile.mkdtemp(prefix="recops_workers_")
@@ -163,11 +234,15 @@ def launch(argv, workers, log_dir=None, poll=0.2, settle=15.0):
                 break
             time.sleep(poll)
         # A failure. A worker whose group failed (a peer died or stopped answering) is a
-        # victim: give the others a moment to fail too, then name the cause.
+        # victim: give the others a moment to fail too, then name the cause (at once when a
+        # victim names a peer that stopped answering and is still running).
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) and not _victim(logs[i]) for i, c in enumerate(codes)):
+                break
+            if any(codes[j] is None for i, c in enumerate(codes) if c not in (None, 0)
+                   for j in _silent(logs[i])):
                 break
             time.sleep(poll)
         codes = [p.poll() for p in procs]
@@ -177,6 +252,8 @@ def launch(argv, workers, log_dir=None, poll=0.2, settle=15.0):
         killed = [i for i in culprits if codes[i] < 0]
         failed = [i for i in culprits if codes[i] > 0]
         alive = [i for i, c in enumerate(codes) if c is None]
+        silent = {j for i, c in enumerate(codes) if c not in (None, 0) for j in _silent(logs[i])}
+        alive.sort(key=lambda i: i not in silent)  # the one the others found silent first
         if killed:
             i = killed[0]
             why = f"killed by {signal.Signals(-codes[i]).name}"
@@ -185,7 +262,8 @@ def launch(argv, workers, log_dir=None, poll=0.2, settle=15.0):
             why = f"exit status {codes[i]}: {_tail(logs[i])}"
         elif alive:
             i = alive[0]
-            why = "hung: the others' collectives timed out waiting for it"
+            why = ("hung: it stopped answering the others" if i in silent else
+                   "hung: the others timed out waiting for it")
         else:
             i = next(j for j, c in enumerate(codes) if c)
             why = f"exit status {codes[i]}: {_tail(logs[i])}"
@@ -213,10 +291,25 @@ def _victim(path):
     return any(marker in text for marker in _GROUP_FAILURES)
 
 
+def _silent(path):
+    """The ranks a failed worker's watchdog found silent (`_Watchdog`), from its log."""
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()[-20000:]
+    except OSError:
+        return []
+    return [int(k) for k in re.findall(r"the group failed \(worker (\d+) stopped answering",
+                                       text)]
+
+
 def _end(procs, grace=5.0):
     for p in procs:
         if p.poll() is None:
             p.terminate()
+            try:  # a stopped worker ends now, not after the grace
+                os.kill(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + grace
     for p in procs:
         try:
