@@ -535,3 +535,19 @@ def test_an_export_scored_by_blocks_answers_as_the_plain_one(tmp_path, monkeypat
         got = blocked.top_k(state, history, tf.constant(100), tf.constant(exclude))
         same(plain.top_k(state, history, tf.constant(100), tf.constant(exclude)), got)
         assert (set(got["items"].numpy()[-3:]) == {3, 9, 41}) == exclude  # -inf: last
+
+
+def test_the_checkpoint_at_an_epochs_end_holds_its_validation(tmp_path):
+    """Validated at each epoch's end (eval_every 0) with a step checkpoint due on that same
+    step: the checkpoint made before the validation must not stand in for the one after it
+    (the epoch's checkpoint holds its validation and the next epoch's number)."""
+    data = rec.synthetic(num_users=64, num_items=30, seed=3)
+    config = dataclasses.replace(_tiny_config(eval_every=0, epochs=2, batch_size=32),
+                                 checkpoint_every=2)  # 2 steps an epoch
+    whole = rec.train(data, config, checkpoint_dir=str(tmp_path / "ckpt"), progress=False)
+    assert len(whole.validation) == 2
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt" / "last" / "ckpt-2"))
+    value = {k.split("/")[1]: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+             if k.startswith("state/") and k.endswith(".ATTRIBUTES/VARIABLE_VALUE")}
+    assert json.loads(value["history"].decode()) == whole.validation[:1]
+    assert (int(value["epoch"]), int(value["steps"])) == (1, 2)

@@ -753,7 +753,7 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         return value, out_of_patience
 
     stopped = False
-    saved_at = None  # the step of this call's last checkpoint
+    saved_at = None  # the step of this call's last checkpoint made after a validation
     while (int(state.steps) < total_steps and not stopped
            and (config.epochs == 0 or int(state.epoch) < config.epochs)):
         epoch, skip = int(state.epoch), int(state.step_in_epoch)
@@ -801,7 +801,6 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
                     and steps % config.checkpoint_every == 0):
                 state.seconds.assign_add(time.perf_counter() - mark)
                 manager.save(checkpoint_number=steps)
-                saved_at = steps
                 mark = time.perf_counter()
             if at_limit or stopped:
                 break
