@@ -8,7 +8,6 @@ Every assertion is structural (a request held on purpose, a call counted), never
 these tests share a loaded machine."""
 import concurrent.futures
 import json
-import os
 import shutil
 import signal
 import socket
