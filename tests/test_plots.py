@@ -6,6 +6,7 @@ import glob
 import importlib.util
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -63,11 +64,16 @@ def test_every_picture_is_committed_small_and_shown_by_its_doc(tmp_path, capsys)
         assert f"](img/{name})" in docs, f"docs/img/{name}: no doc shows it"
 
 
-def test_every_results_file_names_its_source():
+def test_every_results_file_names_its_source_and_is_not_ignored_by_git():
     for path in RESULTS:
         with open(path) as f:
             results = json.load(f)
         assert "docs/" in results["source"] and "`" in results["source"], path
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    for path in RESULTS + glob.glob(os.path.join(ROOT, "docs", "img", "*.png")):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+        assert ignored.returncode == 1, f"{path}: .gitignore keeps it out of the repository"
 
 
 def test_a_rerun_of_bench_time_to_quality_drops_in(tmp_path, capsys):

@@ -14,7 +14,8 @@ from (``"source"``: the doc section and the command that measured them):
   and published results (docs/quality.md's tables) -> ``quality.png``.
 - ``benchmarks``: rows of ``recops-tf bench --json`` (stem, case, mode, speedup; a ``short``
   label optional) drawn by ``recops_tf.bench.speedup_chart``, the chart of ``recops-tf bench
-  --chart``, with the JSON's CPU added to its title -> ``benchmarks.png``.
+  --chart``, with the JSON's CPU added to its title -> ``speedups.png`` (the file is
+  docs/results/speedups.json: .gitignore keeps ``bench*.json`` out of the repository).
 - ``serving``: ``tools/bench_serve.py --json``'s ``predict`` rows (p50 / p99 latency and
   throughput by concurrency, REST and gRPC, batching on and off, the in-process floor) ->
   ``NAME.png``; its ``cache`` rows, when present (one new event on H cached events against the
