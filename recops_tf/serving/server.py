@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import aiohttp.http_exceptions
 import aiohttp.web_protocol
 import grpc
 import numpy as np
@@ -736,6 +737,20 @@ class _JsonErrorHandler(aiohttp.web_protocol.RequestHandler):
     def connection_lost(self, exc):
         self._cancel_header_timer()
         super().connection_lost(exc)
+
+    def log_exception(self, *args, **kw):
+        """aiohttp's log of an error, but a client's one line at DEBUG: a request its parser
+        refused (answered 400 by ``handle_error``), or the unread rest of a body that does not
+        decode as its Content-Encoding says (read and dropped after a 404 or 405); aiohttp
+        logs each with its traceback at ERROR, a traceback on stderr per bad request."""
+        error = kw.get("exc_info")
+        if isinstance(error, (aiohttp.http_exceptions.BadHttpMessage,
+                              aiohttp.web_protocol.RequestPayloadError)):
+            lines = str(error).strip().splitlines()
+            self.logger.debug("a client's bad HTTP request: %s",
+                              lines[0][:200] if lines else type(error).__name__)
+            return
+        super().log_exception(*args, **kw)
 
     def handle_error(self, request, status=500, exc=None, message=None):
         super().handle_error(request, status, exc, message)  # its log; raises once an answer

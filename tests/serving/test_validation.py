@@ -150,6 +150,30 @@ def test_the_http_parsers_errors_are_json_too(server, data, words):
     _still_serving(server)
 
 
+def test_a_clients_malformed_request_is_no_error_in_the_log(server, caplog):
+    """Found by the fuzz leg (test_serving_fuzz.py): aiohttp logged each request its parser
+    refuses (a bad method, a bad chunk) and each body that does not decode as its
+    Content-Encoding says, read and dropped after a 404 or 405, with its traceback at ERROR: a
+    traceback on the server's stderr per bad request. Now one line at DEBUG; the answers are
+    as before."""
+    caplog.set_level(logging.INFO)
+    junk = b"\x00junk" * 4
+    for data, code in [
+            (b"GARBAGE / HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+            (b"POST /v1/models/default:predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+             b"chunked\r\n\r\n{}\r\n\r\n", 400),
+            (b"POST /v1/models/nope:classify HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip"
+             b"\r\nContent-Length: %d\r\n\r\n" % len(junk) + junk, 404),
+            (b"PUT /v1/models/default HTTP/1.1\r\nHost: x\r\nContent-Encoding: deflate\r\n"
+             b"Content-Length: %d\r\n\r\n" % len(junk) + junk, 405)]:
+        status, kind, body = _raw(server, data)
+        assert (status, kind) == (code, "application/json"), (status, kind, body, data)
+        assert set(json.loads(body)) == {"error"}
+    _still_serving(server)
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not logged, [(r.name, r.getMessage()) for r in logged]
+
+
 # -- cases 3 and 4: timestamps -------------------------------------------------------------
 @pytest.mark.parametrize("body,what", [
     ({"user_id": "t", "items": ["i1"], "timestamps": [1 << 63]}, "'timestamps'"),
