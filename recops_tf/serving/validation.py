@@ -10,9 +10,11 @@ over gRPC):
   names no version, 404;
 * **tensors** (REST JSON values and gRPC TensorProtos): the signature's dtype exactly (a JSON
   ``true`` is not an integer, ``2.0`` is not an integer id; a TensorProto's ``dtype`` is the
-  signature's), integers within their dtype's range, a rectangular shape, and the request's
-  element count at most ``--max-request-elements`` (413 / RESOURCE_EXHAUSTED), counted from
-  the JSON lists' lengths or the TensorProto's declared shape *before* any array is built. A
+  signature's), integers within their dtype's range, a rectangular shape of at most
+  ``MAX_RANK`` (32) dimensions (numpy's arrays have at most 64: JSON lists nested deeper were
+  a 500), and the request's element count at most ``--max-request-elements`` (413 /
+  RESOURCE_EXHAUSTED), counted from the JSON lists' lengths or the TensorProto's declared
+  shape *before* any array is built. A
   TensorProto holds its values as TensorFlow's ``Tensor::FromProto`` reads them: exactly
   ``tensor_content`` bytes for its shape, or in its dtype's ``*_val`` field as many values as
   its shape, none (all zeros), or fewer (the last repeated); more values than its shape, values
@@ -46,6 +48,9 @@ MAX_USER_ID_BYTES = 1024
 # last event (a second apart, one per new event) stay far from int64's end.
 MAX_TIMESTAMP = 1 << 61
 INT64_MAX = (1 << 63) - 1
+# The most dimensions a request's tensor may have (REST's nested lists, a TensorProto's shape);
+# numpy's arrays have at most 64, and no signature here takes more than 2.
+MAX_RANK = 32
 
 _VERSION = re.compile(r"[0-9]{1,19}")
 
@@ -106,6 +111,9 @@ def _nested(value, name, budget):
             raise RequestError(400, f"input '{name}' is not a rectangular array (lists of "
                                "equal lengths, values at one depth)")
         shape.append(width)
+        if len(shape) > MAX_RANK:  # lists 33 deep or more (orjson reads 1,024 levels)
+            raise RequestError(400, f"input '{name}' is nested more than {MAX_RANK} lists "
+                               "deep")
         budget.take(len(level) * width - len(level))  # the level's values less its lists
         level = list(itertools.chain.from_iterable(level))
     return shape, level
@@ -207,9 +215,9 @@ def proto_tensor(proto, dtype, name, budget):
     if any(d < 0 for d in dims):
         raise RequestError(400, f"input '{name}': its tensor_shape {dims} has a negative "
                            "dimension")
-    if len(dims) > 32:
+    if len(dims) > MAX_RANK:
         raise RequestError(400, f"input '{name}': its tensor_shape has {len(dims)} dimensions "
-                           "(32 at most)")
+                           f"({MAX_RANK} at most)")
     count = math.prod(dims)
     budget.take(count)
     field, per_value = _value_field(dtype)

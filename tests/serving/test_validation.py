@@ -225,6 +225,14 @@ def test_a_user_at_the_last_timestamp_keeps_being_served(server, no_internal_err
 
 
 # -- case 5: exact dtypes ------------------------------------------------------------------
+def _deep(depth):
+    """One value in `depth` nested lists."""
+    value = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize("items,timestamps,words", [
     ([[True]], [[1]], "got true/false"),
     ([[2.0]], [[1]], "not a 64-bit integer"),
@@ -239,11 +247,16 @@ def test_a_user_at_the_last_timestamp_keeps_being_served(server, no_internal_err
     ([[[1]]], [[1]], "shape"),
     ([[1, [2]]], [[1, 2]], "a list"),
     ([[[1], 2]], [[1, 2]], "rectangular"),
+    (_deep(33), [[1]], "nested more than 32 lists deep"),
+    (_deep(65), [[1]], "nested more than 32 lists deep"),
+    (_deep(300), [[1]], "nested more than 32 lists deep"),
 ], ids=["true", "2.0", "1-true", "1-2.0", "ts-1.0", "ts-false", "null", "object", "2**63",
-        "-2**63-1", "rank", "mixed-depth", "mixed-depth-2"])
+        "-2**63-1", "rank", "mixed-depth", "mixed-depth-2", "33-deep", "65-deep", "300-deep"])
 def test_a_rest_input_of_another_dtype_is_a_400(server, items, timestamps, words,
                                                 no_internal_errors):
-    """Case 5: ``[[true]]`` and ``[[2.0]]`` were read as items 1 and 2 (200)."""
+    """Case 5: ``[[true]]`` and ``[[2.0]]`` were read as items 1 and 2 (200). Found by the
+    fuzz leg (test_serving_fuzz.py): lists nested 65 deep or more were a 500 (numpy's arrays
+    have at most 64 dimensions); past 32 (validation.MAX_RANK) they are a 400."""
     for body in ({"inputs": {"items": items, "timestamps": timestamps}},
                  {"instances": [{"items": i, "timestamps": t}
                                 for i, t in zip(items, timestamps)]}):
