@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import sys
 import textwrap
 
@@ -597,6 +598,8 @@ def _train(args, argv):
           f"{f', weight decay {config.weight_decay:g}' if config.weight_decay else ''}, "
           f"batch {config.batch_size}{averaged}")
     checkpoint_dir = None
+    logdir = args.logdir or (os.path.join(args.out, "logs") if args.out else None)
+    logdir = None if logdir == "none" else logdir
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         checkpoint_dir = os.path.join(args.out, "checkpoints")
@@ -613,7 +616,7 @@ def _train(args, argv):
 
     try:
         result = rec.train(dataset, config, checkpoint_dir=checkpoint_dir, resume=resume,
-                           logdir=args.logdir if chief else None,
+                           logdir=logdir if chief else None,
                            progress=not args.no_progress and group is None,
                            log=print if chief else (lambda *a, **k: None), group=group)
     except (FileNotFoundError, ValueError) as e:
@@ -678,6 +681,11 @@ def _train(args, argv):
         _update_record(args.out, metrics=metrics)  # a fresh or resumed run's alike
         path = rec.export(model, dataset, args.out, metrics)
         print(f"exported: {path} (SavedModel), {os.path.join(args.out, 'model.keras')}")
+        from recops_tf.recommender import curves
+
+        if curves.write(args.out, metrics, logdir):
+            print(f"curves: {os.path.join(args.out, curves.NAME)}"
+                  + (f"; TensorBoard logs: {logdir}" if logdir else ""))
     return 0
 
 
@@ -945,12 +953,21 @@ def _add_run_options(parser, synthetic=True):
     return fit
 
 
+def _version():
+    """The package's ``__version__``, read from the source beside this file (no import)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__init__.py")) as f:
+        found = re.search(r"^__version__ = ['\"]([^'\"]+)['\"]", f.read(), re.M)
+    return found.group(1) if found else "unknown"
+
+
 def _parser():
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--verbose", action="store_true",
                         help="show TensorFlow's log messages (default: off)")
     parser = _Parser(prog="recops-tf", description="recops_tf: fused recommendation-model ops "
                      "for TensorFlow")
+    parser.add_argument("--version", action="version", version=f"recops_tf {_version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser(
         "train", parents=[common], help="train and evaluate a generative recommender",
@@ -969,7 +986,8 @@ def _parser():
                      "--logdir, --no-progress, --checkpoint-every and --worker-timeout apply, "
                      "and any other flag must equal the run's (else: refused) "
                      "(default: a new run)")
-    fit.add_argument("--logdir", help="write TensorBoard summaries here (default: none)")
+    fit.add_argument("--logdir", help="write TensorBoard summaries here; none: no summaries "
+                     "(default: OUT/logs with --out, else none)")
     fit.add_argument("--workers", type=int, default=1, help="train with N local worker "
                      "processes (item table sharded, dense weights all-reduced, the same "
                      "global batch); with TF_CONFIG set, this process is one worker of that "
@@ -1006,8 +1024,10 @@ def _parser():
                       help="trained baselines beside the HSTU ranker, comma-separated, or "
                       "none (default: dlrm,two-tower)")
     out = train.add_argument_group("output")
-    out.add_argument("--out", help="checkpoints, then the trained model (SavedModel + "
-                     ".keras) here (default: not saved)")
+    out.add_argument("--out", help="checkpoints, TensorBoard logs (logs/), then the trained "
+                     "model (SavedModel + .keras) and curves.png (loss and validation metric "
+                     "by step, the baselines as lines; needs matplotlib) here; --task "
+                     "ranking: its SavedModel only (default: not saved)")
     out.add_argument("--json", help="write the metrics here (default: not written)")
     out.add_argument("--no-progress", action="store_true",
                      help="no progress bar (default: a bar with loss, steps/s, validation)")

@@ -183,8 +183,8 @@ def test_train_export_and_recommend_in_a_new_process(tmp_path, capsys):
     assert "markov" in printed and "popularity" in printed
     result = json.loads(metrics.read_text())
     assert 0 <= result["test"]["hr@10"] <= 1 and result["steps"] == 4
-    assert sorted(os.listdir(out)) == ["checkpoints", "info.json", "items.txt", "model.keras",
-                                       "run.json", "saved_model"]
+    assert sorted(os.listdir(out)) == ["checkpoints", "curves.png", "info.json", "items.txt",
+                                       "logs", "model.keras", "run.json", "saved_model"]
     done = subprocess.run([sys.executable, "-m", "recops_tf", "recommend", "--model", str(out),
                            "--history", "1,5,9", "--k", "4"], capture_output=True, text=True,
                           env=_ENV, timeout=300)

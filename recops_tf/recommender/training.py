@@ -518,7 +518,9 @@ class Result:
     test_other: dict  # ... under the other protocol
     baselines: dict  # {"popularity": ..., "markov": ...} under config.exclude_seen
     baselines_other: dict
-    validation: list  # per validation: {"epoch", "step", metric: value, ...}
+    # per validation: {"epoch", "step", "train_loss" (the loss of the step it follows),
+    # metric: value, ...}
+    validation: list
     best_epoch: int  # the epoch under way at the best validation
     best_step: int
     epochs: int  # epochs begun (counting resumed ones)
@@ -710,7 +712,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         """Validates the model's current weights, records the metric and keeps the best."""
         metrics = evaluate(model, split, "valid", config.exclude_seen, group=group)
         value, steps = metrics[config.validation_metric], int(state.steps)
-        history.append(dict(epoch=epoch, step=steps, **metrics))
+        history.append(dict(epoch=epoch, step=steps, train_loss=float(state.last_loss),
+                            **metrics))
         state.history.assign(json.dumps(history))
         if writer is not None:
             with writer.as_default(step=steps):
@@ -820,6 +823,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
         if manager and saved_at != int(state.steps):  # unless saved at this step's validation
             manager.save(checkpoint_number=int(state.steps))
             saved_at = int(state.steps)
+    if writer is not None:
+        writer.close()
     restore_best()
     prior = (choose_transition_prior(model, split, config, group) if model.transition_pairs
              else {})
