@@ -104,3 +104,65 @@ def test_ranks_beside_the_scores_equal_numpy_ranks():
                                                          tf.constant(targets)).numpy()
             want = rec.ranks(scores, targets, histories if exclude else None)
             np.testing.assert_array_equal(got, want)
+
+
+def _random_split(rng, num_items, users):
+    hist = [rng.integers(1, num_items + 1, int(rng.integers(3, 12))) for _ in range(users)]
+    return rec.Split(hist, [np.arange(len(h)) for h in hist])
+
+
+def test_the_baselines_sparse_ranks_are_the_dense_ranks():
+    """evaluation._sparse_ranks (what `baselines` uses) against `ranks` on the dense scores,
+    both protocols, ties included (few items: many equal scores)."""
+    rng = np.random.default_rng(1)
+    for trial in range(12):
+        n = int(rng.integers(3, 30))
+        split = _random_split(rng, n, int(rng.integers(5, 50)))
+        pop = evaluation.popularity_scores(split, n, "test")
+        models = [evaluation._Popularity(pop), rec.MarkovChain(split, n, "test"),
+                  rec.MarkovChain(split, n),
+                  evaluation.SequentialRules(split, n, "test", 3, 3, 0.5),
+                  evaluation.SequentialRules(split, n, "valid", 5, 5, 0.7)]
+        for model in models:
+            dense = (model.scores if hasattr(model, "scores")
+                     else (lambda h: np.tile(pop, (len(h), 1))))
+            for which in ("valid", "test"):
+                for exclude in (False, True):
+                    np.testing.assert_array_equal(
+                        evaluation._sparse_ranks(model, split, which, exclude, n),
+                        evaluation._batched_ranks(dense, split, which, exclude, n),
+                        err_msg=f"{trial} {type(model).__name__} {which} {exclude}")
+
+
+def test_sequential_rules_score_by_the_rules_of_the_last_items():
+    rng = np.random.default_rng(2)
+    split = _random_split(rng, 9, 30)
+    sr = evaluation.SequentialRules(split, 9, "test", window=2, depth=3, decay=0.5)
+    fitted = split.history("test")[0]
+    rule = np.zeros((10, 10))
+    for h in fitted:  # b came 1 or 2 steps after a: 1 / gap
+        for gap in (1, 2):
+            for a, b in zip(h[:-gap], h[gap:]):
+                rule[a, b] += 1.0 / gap
+    for h in split.history("test")[0][:10]:
+        want = sum(0.5 ** k * rule[h[-1 - k], 1:] for k in range(min(3, len(h))))
+        got = sr.scores([h])[0]
+        reached = want > 0
+        np.testing.assert_allclose(got[reached], want[reached] + sr.tiebreak[reached])
+        np.testing.assert_array_equal(got[~reached], sr.tiebreak[~reached])
+        assert sr.tiebreak.max() < want[reached].min(initial=1.0)
+
+
+def test_the_chain_a_user_deploys_knows_the_validation_transitions():
+    # A's test transition 3 -> 4 is B's validation transition: only the chain fitted on every
+    # event before the test item has seen it.
+    split = rec.Split([np.array([1, 3, 4])] * 4 + [np.array([2, 3, 4, 1])] * 4,
+                      [np.arange(3)] * 4 + [np.arange(4)] * 4)
+    b = rec.baselines(split, 4, "test")
+    # A: 4 first; B (after 4, never followed): popularity before the test item, 3 then 1.
+    assert b["markov"]["mrr"] == 0.75
+    assert b["markov_train"]["mrr"] < 0.75
+    assert set(b) == {"popularity", "markov", "markov_train", "sequential_rules"}
+    valid = rec.baselines(split, 4, "valid", strong=False)
+    assert valid["markov"] == valid["markov_train"] and set(valid) == {
+        "popularity", "markov", "markov_train"}

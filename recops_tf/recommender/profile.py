@@ -102,7 +102,8 @@ def profile(dataset, split=None):
     repeats = 0
     for h in dataset.items:
         repeats += len(h) - len(np.unique(h))
-    base = evaluation.baselines(split, dataset.num_items, "valid", False, ks=(10,))
+    base = evaluation.baselines(split, dataset.num_items, "valid", False, ks=(10,),
+                                  strong=False)
     pct = {f"p{p}": int(np.ceil(np.percentile(lengths, p))) for p in (10, 50, 90, 99)}
     pct["max"] = int(lengths.max()) if len(lengths) else 0
     return Profile(users=dataset.num_users, items=dataset.num_items, interactions=interactions,
