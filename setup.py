@@ -15,6 +15,11 @@ Sanitizer build: RECOPS_SANITIZE=address,undefined (any -fsanitize= list) compil
 -fsanitize=<list> -fno-omit-frame-pointer -g -O1 -fno-wrapv instead of -O3 -g0, links with
 -fsanitize=<list>, and keeps its objects apart (build/sanitize/<list>) so normal objects are
 never reused. Such a .so loads only with the sanitizer runtimes preloaded: see tools/sanitize.sh.
+Wheel from an existing build: RECOPS_REUSE_LIBRARY=1 (tools/build_wheel.sh --reuse) puts the
+in-place recops_tf/_recops_ops.so into a wheel instead of compiling again, when it is what this
+build would make: its _build_info.json names the same TensorFlow, Python, compiler and flags,
+and it is newer than every source, header, build_flags.bzl and setup.py. Otherwise it compiles,
+and says why.
 """
 import ast
 import concurrent.futures
@@ -33,6 +38,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB_NAME = "recops_tf._recops_ops"
 SANITIZE = os.environ.get("RECOPS_SANITIZE", "").strip()
+REUSE_LIBRARY = os.environ.get("RECOPS_REUSE_LIBRARY", "").strip() == "1"
 if SANITIZE and not re.fullmatch(r"[a-z0-9=_-]+(,[a-z0-9=_-]+)*", SANITIZE):
     raise SystemExit(f"RECOPS_SANITIZE={SANITIZE!r}: expected a -fsanitize= list, "
                      "e.g. address,undefined")
@@ -169,9 +175,22 @@ class TFBuildExt(build_ext):
         self.compiler.linker_so = ["g++", "-shared"]
         super().build_extensions()
 
+    def run(self):
+        # setuptools builds an in-place (--inplace) or editable build with inplace off, into
+        # build/, and copies the library into the tree afterwards.
+        self._inplace_build = bool(self.inplace or getattr(self, "editable_mode", False))
+        super().run()
+
     def build_extension(self, ext):
         out_path = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
+        flags = [f for f in self._compile_flags
+                 if not f.startswith(("/", "-I")) and f != "-isystem"]
+        info = {"tf_version": self._tf_version, "python": sys.version.split()[0],
+                "compiler": " ".join(self.compiler.compiler_so[:1]),
+                "compile_flags": " ".join(flags)}
+        if REUSE_LIBRARY and self._reuse_inplace_library(ext, out_path, info):
+            return
         jobs = int(os.environ.get("RECOPS_BUILD_JOBS", str(max(1, min(os.cpu_count() or 1, 2)))))
         build_temp = os.path.join(self.build_temp, "recops")
         if SANITIZE:  # never mix instrumented and normal objects
@@ -255,17 +274,47 @@ class TFBuildExt(build_ext):
         with open(stamp_path, "w") as f:
             f.write(stamp)
         self.compiler.link_shared_object(objects, out_path, extra_postargs=self._link_flags)
-        flags = [f for f in self._compile_flags
-                 if not f.startswith(("/", "-I")) and f != "-isystem"]
-        info = {"tf_version": self._tf_version, "python": sys.version.split()[0],
-                "compiler": " ".join(self.compiler.compiler_so[:1]),
-                "compile_flags": " ".join(flags)}
+        self._write_build_info(out_path, info)
+
+    def _write_build_info(self, out_path, info):
         info_dirs = {os.path.dirname(out_path)}
-        if self.inplace or getattr(self, "editable_mode", False):
+        if self._inplace_build:
             info_dirs.add(os.path.join(ROOT, "recops_tf"))  # the in-place copy of the .so
         for d in info_dirs:
             with open(os.path.join(d, "_build_info.json"), "w") as f:
                 json.dump(info, f)
+
+    def _reuse_inplace_library(self, ext, out_path, info):
+        """Copies the in-place .so to `out_path` and returns True if it is what this build
+        would make (see RECOPS_REUSE_LIBRARY above); else says why and returns False."""
+        lib = os.path.join(ROOT, *LIB_NAME.split(".")) + ".so"
+        lib_info = os.path.join(os.path.dirname(lib), "_build_info.json")
+        inputs = list(ext.sources) + _headers() + [os.path.join(ROOT, "build_flags.bzl"),
+                                                   os.path.join(ROOT, "setup.py")]
+        built = None
+        if os.path.exists(lib) and os.path.exists(lib_info):
+            with open(lib_info) as f:
+                built = json.load(f)
+        if SANITIZE or self._inplace_build or os.path.abspath(out_path) == lib:
+            why = "only a wheel (not a sanitizer, in-place or editable build) reuses it"
+        elif built is None:
+            why = f"no {os.path.relpath(lib, ROOT)} with its _build_info.json"
+        elif os.path.getmtime(lib_info) < os.path.getmtime(lib):
+            why = "its _build_info.json is older than it (not written by the build that made it)"
+        elif built != info:
+            why = f"it was built otherwise: {built} (this build: {info})"
+        elif os.path.getmtime(lib) <= max(map(os.path.getmtime, inputs)):
+            why = "a source, header or build file is newer"
+        else:
+            self.copy_file(lib, out_path)
+            self._write_build_info(out_path, info)
+            self._progress(f"reusing {os.path.relpath(lib, ROOT)} (RECOPS_REUSE_LIBRARY=1: "
+                           "built for the same TensorFlow with the same flags, newer than "
+                           "every source)")
+            return True
+        self._progress(f"RECOPS_REUSE_LIBRARY=1: compiling, the in-place library does not "
+                       f"qualify: {why}")
+        return False
 
     @staticmethod
     def _progress(line):
