@@ -8,7 +8,9 @@ import numpy as np
 
 from recops_tf.serving import batching
 
-CALL_SECONDS = 0.04
+# Long enough that a loaded CI machine's thread wake-ups (tens of ms at a load of 8) stay inside
+# the batcher's wait for returning clients (a quarter of a call: 50 ms).
+CALL_SECONDS = 0.2
 CLIENTS, ROUNDS = 8, 6
 
 
@@ -54,12 +56,13 @@ def _closed_loop(clients, turnaround):
 
 def test_answered_clients_come_back_into_full_batches():
     # The clients need 3 ms to send again, more than the 1 ms timeout but within a quarter
-    # of the 40 ms call: each batch after the first waits for all of them. (Stopping as soon
+    # of the 200 ms call: each batch after the first waits for all of them. (Stopping as soon
     # as every request in flight is taken would send the first comer alone and split the
-    # clients into alternating batches of 1 and 7.)
+    # clients into alternating batches of 1 and 7.) The first batch takes whoever has
+    # started.
     batches = _closed_loop(CLIENTS, 0.003)
     assert sum(batches) == CLIENTS * ROUNDS
-    assert np.mean(batches) >= 0.75 * CLIENTS, batches
+    assert np.mean(batches[1:]) >= 0.75 * CLIENTS, batches
 
 
 def test_a_lone_client_does_not_wait(monkeypatch):
