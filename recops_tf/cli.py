@@ -240,10 +240,18 @@ def _quiet_tensorflow(verbose):
         os.close(devnull)
 
 
+# The baselines' rows of train's report (evaluation.baselines' names): the chain and the
+# popularity a user would deploy (fitted on every event before the test item), the strong
+# item-to-item baseline, and the chain of the training parts only.
+_BASELINE_ROWS = (("markov", "markov"), ("sequential_rules", "seq-rules"),
+                  ("popularity", "popularity"), ("markov_train", "markov-train"))
+
+
 def _table(rows):
     """Rows of (name, metrics) as an aligned text table."""
-    head = f"  {'method':<12}" + "".join(f"{c:>10}" for c in _COLUMNS)
-    lines = [head] + [f"  {name:<12}" + "".join(f"{m[c]:>10.4f}" for c in _COLUMNS)
+    width = max([12] + [len(name) for name, _ in rows])
+    head = f"  {'method':<{width}}" + "".join(f"{c:>10}" for c in _COLUMNS)
+    lines = [head] + [f"  {name:<{width}}" + "".join(f"{m[c]:>10.4f}" for c in _COLUMNS)
                       for name, m in rows]
     return "\n".join(lines)
 
@@ -648,6 +656,11 @@ def _train(args, argv):
               f"{config.validation_metric} of {tried}")
     elif prior:
         print(f"transition prior: weight {prior['value']:g} (--transition-prior)")
+    if prior.get("rules"):
+        rules = prior["rules"]
+        print(f"  its rules (the sequential-rules baseline's choice on validation): window "
+              f"{rules['window']}, the last {rules['depth']} items, decay {rules['decay']:g}; "
+              f"counting every event before the test item (the export: every event)")
     if "test_without" in prior:
         alone = prior["test_without"]
         print(f"  the encoder alone (weight 0) on the test split: HR@10 {alone['hr@10']:.4f}, "
@@ -659,10 +672,14 @@ def _train(args, argv):
                                     result.baselines_other)):
         print(f"test: last item of {dataset.num_users} users, ranking all "
               f"{dataset.num_items} items, {seen[exclude]}:")
-        print(_table([(config.preset, model_m), ("markov", base["markov"]),
-                      ("popularity", base["popularity"])]))
-    ratio = result.test["hr@10"] / max(result.baselines["markov"]["hr@10"], 1e-12)
-    print(f"{config.preset} / markov: {ratio:.2f}x HR@10 ({seen[config.exclude_seen]})")
+        print(_table([(config.preset, model_m)] + [
+            (label, base[name]) for name, label in _BASELINE_ROWS if name in base]))
+    for name, label in _BASELINE_ROWS[:2]:
+        if name in result.baselines:
+            ratio = [result.test[m] / max(result.baselines[name][m], 1e-12)
+                     for m in ("hr@10", "ndcg@10")]
+            print(f"{config.preset} / {label}: {ratio[0]:.2f}x HR@10, {ratio[1]:.2f}x NDCG@10 "
+                  f"({seen[config.exclude_seen]})")
     metrics = {"exclude_seen": config.exclude_seen, "test": result.test,
                "test_other_protocol": result.test_other, "baselines": result.baselines,
                "baselines_other_protocol": result.baselines_other,

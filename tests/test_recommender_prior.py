@@ -1,7 +1,8 @@
-"""The transition prior: a first-order Markov chain's evidence added to the encoder's scores at
-inference, its weight chosen on the validation split (``Config.transition_prior``): the
-counts, the scores it changes (and those it does not), the trainer's choice, the export and
-the .keras file that keep it, and the CLI's flag."""
+"""The transition prior: sequential rules' evidence (a first-order Markov chain at depth and
+window 1) added to the encoder's scores at inference, its weight chosen on the validation split
+(``Config.transition_prior``): the counts, the scores it changes (and those it does not), the
+trainer's choice and the events each split's counts know, the export and the .keras file that
+keep it, and the CLI's flag."""
 import json
 
 import keras
@@ -67,6 +68,41 @@ def test_the_prior_is_added_after_the_last_item_at_inference_only():
                                   model.scores(states).numpy())
 
 
+def test_deeper_rules_add_the_earlier_items_evidence_decayed():
+    model = _model(transition_pairs=6, transition_depth=2, transition_decay=0.5)
+    counted = evaluation.transitions(HISTORIES, 4, window=2)
+    # within 2 steps, 1 / gap each: (1,2) 2, (1,3) 0.5, (2,1) 1, (2,3) 1; one pair short of
+    # the 6 built for: the shape is checked
+    with pytest.raises(ValueError, match="built for 6"):
+        model.set_transitions(counted)
+    model = _model(transition_pairs=4, transition_depth=2, transition_decay=0.5)
+    model.set_transitions(counted)
+    model.transition_weight.assign(2.0)
+    states = tf.random.stateless_normal([2, 8], seed=[3, 4])
+    seen = _ragged([np.array([2, 1]), np.array([1])])
+    got = (model.scores(states, seen=seen) - model.scores(states)).numpy()
+    expected = np.zeros((2, 4))
+    expected[0, 1] += 2 * np.log1p(2.0)  # after 1 (the last): 2, 3
+    expected[0, 2] += 2 * np.log1p(0.5) + 2 * 0.5 * np.log1p(1.0)  # and after 2 (decayed)
+    expected[0, 0] += 2 * 0.5 * np.log1p(1.0)
+    expected[1, 1] += 2 * np.log1p(2.0)  # one item: its rules only
+    expected[1, 2] += 2 * np.log1p(0.5)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="transition_depth"):
+        _model(transition_depth=0)
+
+
+def test_a_tables_shape_keeps_while_its_counts_change():
+    every = evaluation.transitions(HISTORIES, 4)
+    part = evaluation.transitions(HISTORIES[:1], 4)  # (1, 2), (2, 3) once each
+    starts, items, counts = evaluation.recount(every, part, 4)
+    np.testing.assert_array_equal(starts, every[0])
+    np.testing.assert_array_equal(items, every[1])
+    np.testing.assert_array_equal(counts, [1, 0, 1])
+    with pytest.raises(ValueError, match="structure lacks"):
+        evaluation.recount(part, every, 4)
+
+
 def _cycle_data(users=60, items=30, length=12, seed=0):
     """Histories that walk a fixed cycle of the catalogue from a random start: the next item
     is the last one's successor, which a Markov chain learns from few examples."""
@@ -100,8 +136,23 @@ def test_the_trainer_chooses_the_weight_on_validation():
     # validation, and the test metrics are those of the weight chosen.
     assert chosen > 0 and prior["validation"][str(chosen)] > prior["validation"]["0.0"]
     split = evaluation.Split.leave_one_out(data)
+    # The returned model counts every event of the data; the test counted those before the
+    # test item, the validation the training parts.
+    window = prior["rules"]["window"]
+    every = evaluation.transitions(data.items, data.num_items, window)
+    np.testing.assert_allclose(model.transition_values.numpy(), np.log1p(every[2]), rtol=1e-6)
+    assert (model.transition_depth, model.transition_decay) == (prior["rules"]["depth"],
+                                                                prior["rules"]["decay"])
+    known = lambda which: evaluation.recount(  # noqa: E731
+        every, evaluation.transitions(split.history(which)[0], data.num_items, window),
+        data.num_items)
+    assert not np.array_equal(known("test")[2], every[2])
+    model.set_transitions(known("test"))
     assert training_module.evaluate(model, split, "test") == result.test
     assert result.test["ndcg@10"] > prior["test_without"]["ndcg@10"]
+    model.set_transitions(known("valid"))
+    assert training_module.evaluate(model, split, "valid")[
+        result.config.validation_metric] == prior["validation"][str(chosen)]
     model.transition_weight.assign(0.0)
     assert training_module.evaluate(model, split, "test") == prior["test_without"]
 
@@ -118,9 +169,11 @@ def test_a_given_weight_is_kept_and_the_presets_have_no_prior():
         _config(transition_prior=-0.5).check()
 
 
-def test_the_export_and_the_keras_file_keep_the_prior(tmp_path):
+def test_the_export_and_the_keras_file_keep_the_prior(tmp_path, monkeypatch):
     data = _cycle_data(users=30)
+    monkeypatch.setattr(evaluation, "SR_GRID", ((3, 2, 0.5),))  # rules two items deep
     model = rec.train(data, _config(transition_prior=1.5), progress=False).model
+    assert (model.transition_depth, model.transition_decay) == (2, 0.5)
     out = tmp_path / "export"
     module = tf.saved_model.load(rec.export(model, data, str(out)))
     history = tf.constant(data.items[0][:6])
@@ -142,6 +195,7 @@ def test_the_export_and_the_keras_file_keep_the_prior(tmp_path):
                                expected[candidates.numpy() - 1], rtol=1e-5, atol=1e-5)
     loaded = keras.saving.load_model(str(out / "model.keras"))
     assert loaded.transition_pairs == model.transition_pairs
+    assert (loaded.transition_depth, loaded.transition_decay) == (2, 0.5)
     assert float(loaded.transition_weight.numpy()) == 1.5
     for name in ("transition_starts", "transition_items", "transition_values"):
         np.testing.assert_array_equal(getattr(loaded, name).numpy(),

@@ -220,6 +220,28 @@ def transitions(histories, num_items, window=1):
     return starts.astype(np.int64), (keys % (num_items + 1)).astype(np.int64), counts
 
 
+def recount(structure, counted, num_items):
+    """`counted` (a ``transitions`` CSR) on the pairs of `structure` (one of a superset of its
+    histories, the same window): ``(starts, items, counts)`` of `structure` with each pair's
+    count in `counted` (0 for pairs `counted` lacks). A model's transition tables keep one
+    shape (`structure`: every event of the data) while their counts cover the events a split
+    may know (its training parts for validation, every event before the test item for the
+    test)."""
+    starts, items, _ = structure
+    width = num_items + 1
+    rows = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+    keys = rows * width + items
+    c_starts, c_items, c_counts = counted
+    c_rows = np.repeat(np.arange(len(c_starts) - 1), np.diff(c_starts))
+    c_keys = c_rows * width + c_items
+    at = np.searchsorted(keys, c_keys)
+    if len(c_keys) and (at.max() >= len(keys) or (keys[at] != c_keys).any()):
+        raise ValueError("counted: pairs that structure lacks (not a subset's transitions)")
+    counts = np.zeros(len(items), np.asarray(c_counts).dtype)
+    counts[at] = c_counts
+    return starts, items, counts
+
+
 class MarkovChain:
     """Item-to-item Markov baseline: rank by how often each item followed the history's last
     item; ties (items never seen after it) by popularity. ``fit``: "train" counts the
@@ -303,20 +325,21 @@ SR_GRID = tuple((w, depth, decay) for w in (1, 3, 5, 10) for depth, decay in
 SR_TUNE_USERS = 10000
 
 
-def sequential_rules_settings(split, num_items):
-    """(window, depth, decay) of SR_GRID best on the validation target, fitted on every event
-    before it (kept on `split`: chosen once a split)."""
+def sequential_rules_settings(split, num_items, max_window=None):
+    """(window, depth, decay) of SR_GRID (windows up to `max_window`) best on the validation
+    target, fitted on every event before it (kept on `split`: chosen once a split)."""
     cached = getattr(split, "_sr_settings", None)
-    if cached is not None and cached[0] == num_items:
+    if cached is not None and cached[0] == (num_items, max_window):
         return cached[1]
-    best, best_value = SR_GRID[0], -1.0
+    grid = [g for g in SR_GRID if max_window is None or g[0] <= max_window] or [SR_GRID[0]]
+    best, best_value = grid[0], -1.0
     sample = split
     if split.num_users > SR_TUNE_USERS:
         users = np.sort(np.random.default_rng(0).choice(split.num_users, SR_TUNE_USERS,
                                                         replace=False))
         sample = Split([split.items[u] for u in users], [split.timestamps[u] for u in users])
     rules = {}
-    for window, depth, decay in SR_GRID:
+    for window, depth, decay in grid:
         # Fitted on every user's events before the validation target, ranked on the sample.
         if window not in rules:
             rules[window] = transitions(split.history("valid")[0], num_items, window)
@@ -325,7 +348,7 @@ def sequential_rules_settings(split, num_items):
         value = m["hr@10"] + m["ndcg@10"]
         if value > best_value:
             best, best_value = (window, depth, decay), value
-    split._sr_settings = (num_items, best)
+    split._sr_settings = ((num_items, max_window), best)
     return best
 
 

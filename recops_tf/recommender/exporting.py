@@ -183,10 +183,11 @@ def _functions(model, serve_k, matrix):
         if model.seen_bias:
             hit = tf.reduce_any(tf.equal(candidates[:, None], seen[None, :]), 1)
             logits += tf.cast(model.seen_logit, tf.float32) * tf.cast(hit, tf.float32)
-        if model.transition_pairs:  # the prior of the items that followed the last one
-            _, after, values = model.transitions_after(_one_row(seen))
+        for k in range(model.transition_depth if model.transition_pairs else 0):
+            # the prior of the items that followed the last item, the second last, ...
+            _, after, values = model.transitions_after(_one_row(seen), k)
             hit = tf.equal(candidates[:, None], after[None, :])
-            logits += model.transition_weight * tf.reduce_sum(
+            logits += model.transition_weight * model.transition_decay ** k * tf.reduce_sum(
                 tf.where(hit, values[None, :], 0.0), 1)
         return {"scores": logits}
 

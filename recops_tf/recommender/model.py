@@ -51,14 +51,18 @@ class GenerativeRecommender(keras.Model):
       seen_bias: a learned scalar added to the logit of every item already in the history
         being scored (in training: the items read up to each position), a repeat-aware
         head; ``scores(states, seen=histories)`` applies it.
-      transition_pairs: the number of (item, next item) pairs of the transition prior
-        (0: none). With pairs, ``set_transitions(evaluation.transitions(histories, ...))``
-        stores how often each item followed each other in those histories, and at inference
-        (not in training) ``scores(states, seen=histories)`` adds ``transition_weight x
-        log(1 + n(last, j))`` to item j's logit, ``last`` the history's last item: a
-        first-order Markov chain's evidence beside the encoder's. The weight is 0 until set
-        (the trainer chooses it on the validation split after training:
-        ``Config.transition_prior``).
+      transition_pairs: the number of (item, later item) pairs of the transition prior
+        (0: none). With pairs, ``set_transitions(evaluation.transitions(histories, num_items,
+        window))`` stores how often each item followed each other in those histories (within
+        `window` steps, each 1 / gap), and at inference (not in training)
+        ``scores(states, seen=histories)`` adds ``transition_weight x sum_k decay^k log(1 +
+        n(h[-1 - k], j))`` to item j's logit over the history's last `transition_depth` items
+        h[-1], h[-2], ... (``decay``: `transition_decay`): sequential rules' evidence
+        (``evaluation.SequentialRules``) beside the encoder's; depth 1 and window 1 are a
+        first-order Markov chain. The weight is 0 until set (the trainer chooses it on the
+        validation split after training: ``Config.transition_prior``).
+      transition_depth, transition_decay: see `transition_pairs` (1 and 1.0: the last item
+        only).
       seed: of initializers and dropout.
       dropout_seed: of the dropout masks only, when it must differ from `seed` (multi-worker
         training: each rank draws its own masks over its slice of the batch, while the
@@ -70,8 +74,8 @@ class GenerativeRecommender(keras.Model):
     def __init__(self, num_items, encoder="hstu", d_model=50, num_blocks=2, num_heads=1,
                  head_dim=50, max_seq_len=200, dropout_rate=0.2, l2_norm=True,
                  temperature=0.05, relative_bias=True, use_fused=True, seed=0, seen_bias=False,
-                 share_embeddings=True, transition_pairs=0, table_group=None,
-                 dropout_seed=None, **kwargs):
+                 share_embeddings=True, transition_pairs=0, transition_depth=1,
+                 transition_decay=1.0, table_group=None, dropout_seed=None, **kwargs):
         super().__init__(**kwargs)
         # Multi-worker training: item tables sharded over the group's ranks (not a config
         # field: a model saved or exported is a whole, unsharded one).
@@ -122,6 +126,11 @@ class GenerativeRecommender(keras.Model):
         self.transition_pairs = int(transition_pairs)
         if self.transition_pairs < 0:
             raise ValueError(f"transition_pairs must be >= 0, got {transition_pairs}")
+        self.transition_depth, self.transition_decay = int(transition_depth), float(
+            transition_decay)
+        if self.transition_depth < 1 or not 0.0 < self.transition_decay <= 1.0:
+            raise ValueError(f"transition_depth must be >= 1 and transition_decay in (0, 1], "
+                             f"got {transition_depth} and {transition_decay}")
         if self.transition_pairs:
             # CSR by the preceding item: the pairs of item i are [starts[i], starts[i + 1]).
             fixed = dict(trainable=False, initializer="zeros")
@@ -254,8 +263,9 @@ class GenerativeRecommender(keras.Model):
     # -- the transition prior ---------------------------------------------------------------
     def set_transitions(self, counted):
         """Stores transition counts, ``(starts, items, counts)`` as
-        ``evaluation.transitions(histories, num_items)`` gives them (``transition_pairs`` must
-        be ``len(items)``); the prior reads log(1 + count)."""
+        ``evaluation.transitions(histories, num_items, window)`` gives them
+        (``transition_pairs`` must be ``len(items)``; ``evaluation.recount`` keeps a shape
+        while the counts change); the prior reads log(1 + count)."""
         starts, items, counts = counted
         if len(items) != self.transition_pairs or len(starts) != self.num_items + 2:
             raise ValueError(f"{len(items)} transitions over {len(starts) - 2} items; the model "
@@ -265,14 +275,16 @@ class GenerativeRecommender(keras.Model):
             self.transition_items.assign(np.asarray(items, np.int64))
             self.transition_values.assign(np.log1p(counts).astype(np.float32))
 
-    def transitions_after(self, seen):
+    def transitions_after(self, seen, k=0):
         """``(rows [M], items [M], log(1 + count) [M])``: for each row of ragged `seen`
-        (histories, oldest first), the items that followed its last item in the stored
-        transitions (an empty row has none)."""
+        (histories, oldest first), the items that followed its `k`-th last item (0: the last)
+        in the stored transitions (a row of k items or fewer has none); no (row, item) pair
+        twice."""
         limits = seen.row_limits()
-        present = limits > seen.row_starts()
+        present = limits - k > seen.row_starts()
         flat = tf.concat([tf.zeros([1], tf.int64), seen.flat_values], 0)
-        last = tf.where(present, tf.gather(flat, limits), tf.zeros_like(limits))
+        last = tf.where(present, tf.gather(flat, tf.where(present, limits - k, 0)),
+                        tf.zeros_like(limits))
         starts = tf.convert_to_tensor(self.transition_starts)
         at = tf.ragged.range(tf.gather(starts, last), tf.gather(starts, last + 1))
         return (at.value_rowids(), tf.gather(self.transition_items, at.flat_values),
@@ -307,7 +319,8 @@ class GenerativeRecommender(keras.Model):
         ``(rows, items, values)`` (int64 rows of the states, item ids 1..num_items, float32
         values; no (row, item) pair twice within a stage). The seen-item bias at each distinct
         item of each row's ragged `seen` (with ``seen_bias``), then the transition prior of the
-        items that followed each row's last item (with ``transition_pairs``, not `training`).
+        items that followed each row's last item, second last, ... (with ``transition_pairs``,
+        not `training`; a stage each, ``transition_depth`` of them).
         Every scorer of the model reads them here (``scoring.model_ranks`` too), so a new term
         reaches evaluation as it reaches ``scores``."""
         stages = []
@@ -319,8 +332,10 @@ class GenerativeRecommender(keras.Model):
             stages.append((keys // width, keys % width,
                            tf.fill(tf.shape(keys), tf.cast(self.seen_logit, tf.float32))))
         if self.transition_pairs and not training:
-            rows, items, values = self.transitions_after(seen)
-            stages.append((rows, items, tf.cast(values * self.transition_weight, tf.float32)))
+            for k in range(self.transition_depth):
+                rows, items, values = self.transitions_after(seen, k)
+                weight = self.transition_weight * self.transition_decay ** k
+                stages.append((rows, items, tf.cast(values * weight, tf.float32)))
         return stages
 
     def get_build_config(self):
@@ -343,7 +358,9 @@ class GenerativeRecommender(keras.Model):
                       temperature=self.temperature, relative_bias=self.relative_bias,
                       use_fused=self.use_fused, seed=self.seed, seen_bias=self.seen_bias,
                       share_embeddings=self.share_embeddings,
-                      transition_pairs=self.transition_pairs)
+                      transition_pairs=self.transition_pairs,
+                      transition_depth=self.transition_depth,
+                      transition_decay=self.transition_decay)
         return config
 
 

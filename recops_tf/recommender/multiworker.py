@@ -167,7 +167,8 @@ def unsharded(model, config, num_items, group):
 
     from recops_tf.recommender.training import _ragged, build_model
 
-    whole = build_model(config, num_items, transition_pairs=model.transition_pairs)
+    whole = build_model(config, num_items, transition_pairs=model.transition_pairs,
+                        transition_rules=(model.transition_depth, model.transition_decay))
     one = _ragged([np.array([1], np.int64)])
     whole({"items": one, "timestamps": one}, training=False)
     whole.item_matrix(training=False)

@@ -68,11 +68,14 @@ class Config:
     # validation, this its decay (recommender/averaging.py); 0: the raw weights (the presets';
     # "auto" fits it: profile.fit)
     weight_average: float = 0.0
-    # > 0: at inference, add this x log(1 + n(last item, j)) to item j's logit, n counted in
-    # the training sequences (GenerativeRecommender's transition prior); 0: none (the papers'
-    # presets); AUTO (-1, "auto", the default): the value of TRANSITION_PRIOR_GRID with the
-    # best validation metric, chosen after training (the encoder is trained without it
-    # either way)
+    # > 0: at inference, add this x sum_k decay^k log(1 + n(h[-1 - k], j)) to item j's logit
+    # (GenerativeRecommender's transition prior: sequential rules over the history's last
+    # items, their window, depth and decay those the sequential-rules baseline chooses on the
+    # validation split; n counts the events known before the target: the training parts for
+    # the validation, every event before the test item for the test, every event in the
+    # export); 0: none (the papers' presets); AUTO (-1, "auto", the default): the value of
+    # TRANSITION_PRIOR_GRID with the best validation metric, chosen after training (the
+    # encoder is trained without it either way)
     transition_prior: float = AUTO
 
     @classmethod
@@ -160,7 +163,7 @@ PRESETS = {
 
 # Config.transition_prior: AUTO chooses the weight of the transition prior among these, on the
 # validation split, once the encoder is trained (a tie keeps the smaller weight).
-TRANSITION_PRIOR_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+TRANSITION_PRIOR_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 # Config.lr_schedule: the learning rate after the warm-up, constant (generative-recommenders')
@@ -183,7 +186,8 @@ def rank_seed(config, group=None):
     return config.seed + 7919 * group.rank
 
 
-def build_model(config, num_items, group=None, transition_pairs=0):
+def build_model(config, num_items, group=None, transition_pairs=0,
+                transition_rules=(1, 1.0)):
     """The model of ``config``, its layers built under the dtype policy of
     ``config.precision`` (the global policy is restored afterwards); with a `group` of
     several ranks, its item tables sharded over them and its dropout masks drawn from a
@@ -200,6 +204,7 @@ def build_model(config, num_items, group=None, transition_pairs=0):
             temperature=config.temperature, relative_bias=config.relative_bias,
             use_fused=config.use_fused, seed=config.seed, seen_bias=config.seen_bias,
             share_embeddings=config.share_embeddings, transition_pairs=transition_pairs,
+            transition_depth=transition_rules[0], transition_decay=transition_rules[1],
             table_group=group, dropout_seed=rank_seed(config, group))
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
@@ -492,6 +497,32 @@ def evaluate(model, split, which="test", exclude_seen=False, batch_size=None,
     return evaluation.metrics(ranks, ks)
 
 
+# The transition prior's tables hold at most this many pairs (12 bytes each: 96 MB): the
+# sequential rules' window is capped so that window x events stays below it.
+MAX_TRANSITION_PAIRS = 8_000_000
+
+
+def transition_rules(dataset, split):
+    """The transition prior's rules: ``((window, depth, decay), counts)``, the settings the
+    sequential-rules baseline chose on the validation split, and ``counts(which)``, the
+    ``evaluation.transitions`` table of every event of `dataset` (its shape, the model's)
+    counting the events a model may know before `which`'s target ('valid': the training
+    parts; 'test': those and the validation items; None: every event, for the export)."""
+    num_items = dataset.num_items
+    events = sum(len(h) for h in dataset.items)
+    settings = evaluation.sequential_rules_settings(
+        split, num_items, max_window=max(1, MAX_TRANSITION_PAIRS // max(events, 1)))
+    window = settings[0]
+    every = evaluation.transitions(dataset.items, num_items, window)
+
+    def counts(which):
+        if which is None:
+            return every
+        known = evaluation.transitions(split.history(which)[0], num_items, window)
+        return evaluation.recount(every, known, num_items)
+    return settings, counts
+
+
 def choose_transition_prior(model, split, config, group=None):
     """Sets the weight of `model`'s transition prior: ``config.transition_prior``, or under
     AUTO the weight of ``TRANSITION_PRIOR_GRID`` with the best validation metric (the
@@ -612,10 +643,12 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     if world > 1 and not config.use_fused:
         raise ValueError("multi-worker training shards the fused build's item tables: drop "
                          "--no-fused")
-    transitions = (evaluation.transitions(split.train()[0], num_items)
-                   if config.transition_prior != 0 else None)
+    prior_counts = prior_rules = None
+    if config.transition_prior != 0:
+        prior_rules, prior_counts = transition_rules(dataset, split)
     model = build_model(config, num_items, group,
-                        transition_pairs=len(transitions[1]) if transitions else 0)
+                        transition_pairs=len(prior_counts(None)[1]) if prior_rules else 0,
+                        transition_rules=prior_rules[1:] if prior_rules else (1, 1.0))
     total_steps = config.max_steps if config.max_steps > 0 else math.inf
     if config.epochs > 0:
         total_steps = min(total_steps, config.epochs * steps_per_epoch)
@@ -629,8 +662,8 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     model({"items": build_items[:, :1], "timestamps": build_items[:, :1]}, training=False)
     model.item_matrix(training=False)
     optimizer.build(model.trainable_variables)
-    if transitions and len(transitions[1]):
-        model.set_transitions(transitions)
+    if model.transition_pairs:  # what the validation may know: the training parts
+        model.set_transitions(prior_counts("valid"))
     if world > 1:  # every rank starts from the chief's dense weights
         for v in model.variables:
             if tf.as_dtype(v.dtype).is_floating:
@@ -828,16 +861,21 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
     restore_best()
     prior = (choose_transition_prior(model, split, config, group) if model.transition_pairs
              else {})
+    if model.transition_pairs:  # the test knows every event before its item
+        prior["rules"] = dict(zip(("window", "depth", "decay"), prior_rules))
+        model.set_transitions(prior_counts("test"))
     if prior.get("value"):  # the encoder alone on the test split, for the record
         model.transition_weight.assign(0.0)
         prior["test_without"] = evaluate(model, split, "test", config.exclude_seen,
                                          group=group)
         model.transition_weight.assign(prior["value"])
     other = not config.exclude_seen
+    test = evaluate(model, split, "test", config.exclude_seen, group=group)
+    test_other = evaluate(model, split, "test", other, group=group)
+    if model.transition_pairs:  # the model returned (and exported) counts every event
+        model.set_transitions(prior_counts(None))
     return Result(
-        model=model, config=config,
-        test=evaluate(model, split, "test", config.exclude_seen, group=group),
-        test_other=evaluate(model, split, "test", other, group=group),
+        model=model, config=config, test=test, test_other=test_other,
         baselines=evaluation.baselines(split, num_items, "test", config.exclude_seen),
         baselines_other=evaluation.baselines(split, num_items, "test", other),
         validation=history, best_epoch=int(state.best_epoch), best_step=int(state.best_step),
