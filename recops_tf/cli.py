@@ -942,11 +942,14 @@ def _add_run_options(parser, synthetic=True):
                      "taken at each validation, this its decay in [0, 1) (0: the raw "
                      "weights); training goes on from the raw weights")
     fit.add_argument("--transition-prior", type=_transition_prior, metavar="auto|W",
-                     help="at inference, add W x log(1 + n) to an item's score, n the times it "
-                     "followed the history's last item in the training sequences (a Markov "
-                     "chain's evidence beside the encoder's; the encoder is trained without "
-                     "it); auto: W among 0, 0.25, 0.5, 1, 2, 4, 8 with the best validation "
-                     "metric, chosen after training; 0: none (default: auto; --preset hstu, "
+                     help="at inference, add W x sum_k decay^k log(1 + n(h[-1-k], j)) to item "
+                     "j's score over the history's last items h[-1], h[-2], ..., n counting "
+                     "how often j came within a window of steps after them (sequential rules' "
+                     "evidence beside the encoder's; window, depth and decay the "
+                     "sequential-rules baseline's choice on validation; n counts the events "
+                     "known before the target; the encoder is trained without it); auto: W "
+                     "among 0, 0.25, 0.5, 1, 2, 4, 8, 16, 32 with the best validation metric, "
+                     "chosen after training; 0: none (default: auto; --preset hstu, "
                      "hstu-large, sasrec: 0)")
     fit.add_argument("--lr-schedule", choices=tuple(_module("training")["LR_SCHEDULES"]),
                      help="after the warm-up: constant, or a cosine down to 0.1x by "
