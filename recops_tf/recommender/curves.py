@@ -1,5 +1,6 @@
 """``recops-tf train --out DIR``'s ``DIR/curves.png``: the training loss and the validation
-metric by step, the Markov chain's and popularity's test figures as lines beside the model's.
+metric by step, the test figures of sequential rules, the Markov chain and popularity as lines
+beside the model's.
 
 The loss is every step's, read back from the run's TensorBoard logs (``train/loss``; a resumed
 run's logs overlap the killed run's, and the newer value of a step wins); without logs
@@ -120,10 +121,11 @@ def draw(metrics, losses=None):
                    color="#d9822b", label=f"model, test {metric} (best step's weights"
                    + (f", transition prior {prior:g})" if prior else ")"))
         right.axvline(best, color="#d9822b", linestyle=":", linewidth=0.8)
-    for name, style in (("markov", "--"), ("popularity", ":")):
+    for name, label, style in (("sequential_rules", "sequential rules", "-."),
+                               ("markov", "Markov chain", "--"),
+                               ("popularity", "popularity", ":")):
         value = ((metrics.get("baselines") or {}).get(name) or {}).get(metric)
         if value is not None:
-            label = "Markov chain" if name == "markov" else "popularity"
             right.axhline(value, color="#5a5a5a", linestyle=style, linewidth=1.2,
                           label=f"{label}, test {metric}")
     right.set_xlabel("training step")
