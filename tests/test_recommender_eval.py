@@ -166,3 +166,20 @@ def test_the_chain_a_user_deploys_knows_the_validation_transitions():
     valid = rec.baselines(split, 4, "valid", strong=False)
     assert valid["markov"] == valid["markov_train"] and set(valid) == {
         "popularity", "markov", "markov_train"}
+
+
+def test_the_rules_are_chosen_once_for_the_same_histories(monkeypatch):
+    rng = np.random.default_rng(3)
+    split = _random_split(rng, 12, 40)
+    calls = []
+    real = evaluation._sparse_ranks
+    monkeypatch.setattr(evaluation, "_sparse_ranks",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = evaluation.sequential_rules_settings(split, 12)
+    tuned = len(calls)
+    assert tuned == len(evaluation.SR_GRID)
+    again = rec.Split(split.items, split.timestamps)  # a split made again from the same data
+    assert evaluation.sequential_rules_settings(again, 12) == first and len(calls) == tuned
+    # Another grid (a capped window) is chosen anew, among its own settings.
+    capped = evaluation.sequential_rules_settings(split, 12, max_window=1)
+    assert capped[0] == 1 and len(calls) == tuned + sum(g[0] <= 1 for g in evaluation.SR_GRID)

@@ -325,13 +325,19 @@ SR_GRID = tuple((w, depth, decay) for w in (1, 3, 5, 10) for depth, decay in
 SR_TUNE_USERS = 10000
 
 
+# Settings already chosen: {(the histories' list, its length, num_items, the grid): (the list,
+# the settings)}, the last few (the list kept so that its id is not reused): a split made
+# again from the same data (`tune`'s trials, train's report) chooses once.
+_SR_CHOSEN = {}
+
+
 def sequential_rules_settings(split, num_items, max_window=None):
     """(window, depth, decay) of SR_GRID (windows up to `max_window`) best on the validation
-    target, fitted on every event before it (kept on `split`: chosen once a split)."""
-    cached = getattr(split, "_sr_settings", None)
-    if cached is not None and cached[0] == (num_items, max_window):
-        return cached[1]
-    grid = [g for g in SR_GRID if max_window is None or g[0] <= max_window] or [SR_GRID[0]]
+    target, fitted on every event before it (chosen once for the same histories)."""
+    grid = tuple(g for g in SR_GRID if max_window is None or g[0] <= max_window) or SR_GRID[:1]
+    key = (id(split.items), len(split.items), num_items, grid)
+    if key in _SR_CHOSEN and _SR_CHOSEN[key][0] is split.items:
+        return _SR_CHOSEN[key][1]
     best, best_value = grid[0], -1.0
     sample = split
     if split.num_users > SR_TUNE_USERS:
@@ -348,7 +354,9 @@ def sequential_rules_settings(split, num_items, max_window=None):
         value = m["hr@10"] + m["ndcg@10"]
         if value > best_value:
             best, best_value = (window, depth, decay), value
-    split._sr_settings = ((num_items, max_window), best)
+    while len(_SR_CHOSEN) >= 4:
+        _SR_CHOSEN.pop(next(iter(_SR_CHOSEN)))
+    _SR_CHOSEN[key] = (split.items, best)
     return best
 
 
