@@ -178,6 +178,26 @@ def test_training_lowers_the_loss_and_every_variable_gets_a_gradient(data, kind)
     assert set(metrics) == set(ranking.TASKS) and 0.0 <= metrics["like"]["auc"] <= 1.0
 
 
+@pytest.mark.parametrize("kind", ["hstu", "dlrm"])
+def test_a_run_is_a_function_of_its_seed(data, kind):
+    """The initial weights and the trained ones follow from ``config.seed`` alone, whatever
+    the process's random state was: the HSTU blocks' projections drew their initializer's
+    seed from it, so each `train --task ranking --seed 0` process began the ranker elsewhere
+    (issue 55, item 5)."""
+    config = ranking.RankingConfig(**SMALL)
+    runs = []
+    for state in (1, 2):
+        tf.keras.utils.set_random_seed(1000 + state)  # another process's random state
+        model = ranking.build(kind, data, config)
+        initial = [v.numpy() for v in model.weights]
+        ranking.fit(model, data, config, log=lambda *a: None)
+        runs.append((initial, [v.numpy() for v in model.weights]))
+    for first, second in zip(*runs):
+        assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    other = ranking.build(kind, data, ranking.RankingConfig(**dict(SMALL, seed=1)))
+    assert not all(np.array_equal(a, b.numpy()) for a, b in zip(runs[0][0], other.weights))
+
+
 def test_two_tower_reads_a_frozen_retrieval_model(data):
     config = ranking.RankingConfig(**SMALL)
     retrieval = ranking.train_retrieval(data, log=lambda *a, **k: None, max_steps=2,

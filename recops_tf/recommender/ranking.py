@@ -483,7 +483,11 @@ def fit(model, data, config, log=print, name="hstu", progress=False):
 
 def build(kind, data, config, retrieval=None):
     """A ranker of `kind` ('hstu', 'dlrm' or 'two-tower' with a trained `retrieval` model),
-    built on a first batch."""
+    built on a first batch. Its initial weights are a function of ``config.seed``: the
+    global seeds are set first, since some layers draw from them (``HSTUBlock``'s projections
+    take Keras' default initializer, whose seed is drawn when the layer is made; unseeded,
+    each process began the ranker at another point whatever ``--seed`` said)."""
+    tf.keras.utils.set_random_seed(config.seed)
     if kind == "two-tower":
         model = TwoTowerRanker(retrieval, data.num_actions, data.context_sizes, config)
     else:
