@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -14,6 +15,9 @@
 #include "kernels/common/microkernels.h"
 #include "kernels/common/parallel.h"
 #include "tensorflow/core/framework/numeric_types.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/types.h"
 
 namespace recops {
 
@@ -678,6 +682,192 @@ RECOPS_INLINE void BackwardLaneBf16(
   }
 }
 
+// Bytes the forward-with-gradients path may hold for its panels (RECOPS_FLCE_PANEL_MB, MiB;
+// default 256): each lane's logits of one block of positions over the whole catalogue
+// [N x kPb] and its own dE [N x dp], and the item rows as the GEMMs read them [N x dp]. Past
+// it, FlceForwardBackward runs the forward and then the backward (4 products, no panels).
+int64_t PanelBudget() {
+  const char* text = std::getenv("RECOPS_FLCE_PANEL_MB");
+  if (text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const double mb = std::strtod(text, &end);
+    if (end != text && mb >= 0) return static_cast<int64_t>(mb * (1 << 20));
+  }
+  return int64_t{256} << 20;
+}
+
+// Blocks of positions a lane of FlceForwardBackward takes together (at most).
+constexpr int64_t kPanelGroup = 4;
+
+// What the lanes of FlceForwardBackward share besides the Prepared inputs.
+template <typename Acc>
+struct PanelShared {
+  const Acc* items = nullptr;  // [N x dp]: the item rows as the logits see them
+  std::vector<Acc> c;          // [Pad] the softmax's coefficient (the weight; 0: padding)
+  Acc* lse = nullptr;          // [Pad] out
+  Acc* ds = nullptr;           // [blocks x dm x kPb] dSᵀ, each block written by one lane
+  Acc* dextra = nullptr;       // [extras] by the active positions' sorted extras
+};
+
+// The panel's tile after tile (t, b) in the order the passes take them (nullptr: none).
+template <typename Acc>
+RECOPS_INLINE Acc* NextTile(Acc* panel, int64_t t, int64_t b, int64_t nq, int64_t q,
+                            int64_t tiles) {
+  if (b + 1 < nq) return panel + (t * q + b + 1) * kTileRows * kPb;
+  if (t + 1 < tiles) return panel + (t + 1) * q * kTileRows * kPb;
+  return nullptr;
+}
+
+// The panel is read and written a tile at a time between GEMMs of thousands of cycles, too
+// far apart for the hardware's streams: as each row of a tile is read, the same row of the
+// next tile is fetched into L2 (for writing, in the first pass), a few lines at a time so as
+// not to fill the line buffers. Without it, the second pass's loads of each tile were a third
+// of its time outside the GEMMs.
+template <typename Acc>
+RECOPS_INLINE void PrefetchRow(const Acc* tile, int64_t j, bool write) {
+  if (tile == nullptr) return;
+  const char* bytes = reinterpret_cast<const char*>(tile + j * kPb);
+  for (int64_t x = 0; x < kPb * static_cast<int64_t>(sizeof(Acc)); x += 64) {
+    if (write) {
+      __builtin_prefetch(bytes + x, 1, 2);
+    } else {
+      __builtin_prefetch(bytes + x, 0, 2);
+    }
+  }
+}
+
+// One lane of the forward with gradients (float GEMM, T = Acc): its share of the blocks of
+// positions, in groups of at most q consecutive blocks; per group, (A) tile by tile of items (item
+// order), each block's logits into the lane's panel (tiles [kTileRows x kPb], by tile then
+// block: both passes walk it in address order) with an online logsumexp,
+// stored as exp(z - m) for the block's running max m at that tile (kept per tile, `mt`), while
+// the tile is in L1; (B) tile by tile, each block's softmax gradient G = c exp(z - lse) =
+// stored x c exp(m_tile - lse) into an L1 scratch tile, then dE rows += G·S (the tile's dE rows
+// stay in L1 across the group's blocks), dbias, and dSᵀ [dm x kPb] += Eᵀ·G. The logits are
+// made once and exp'd once: 3 products where the forward and the backward make 4; the group
+// shares each item tile's reads and its dE rows' read and write among q blocks.
+template <typename T, typename Acc, Isa I>
+RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
+                             const PanelShared<Acc>& sh, int64_t lane, int64_t lanes, int64_t q,
+                             Acc* panel, Acc* de, Acc* db) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  constexpr int64_t NV = kPb / W;
+  const int64_t N = in.N, d = in.d, dp = pr.dp, dm = DsRows(d);
+  const Acc zs = TileScale(pr, Acc(1) / static_cast<Acc>(in.temperature));
+  const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
+  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  std::vector<Acc> mt(q * tiles * kPb), scratch(kTileRows * kPb);
+  std::vector<Acc> mv(q * kPb), sv(q * kPb), fv(q * kPb);
+  std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
+  std::fill(de, de + N * dp, Acc(0));
+  if (db != nullptr) std::fill(db, db + N, Acc(0));
+  // The lane's blocks: a contiguous share (one block more or less than another lane's), in
+  // groups of near-equal size, at most q each.
+  const int64_t first_block = pr.blocks * lane / lanes, end_block = pr.blocks * (lane + 1) / lanes;
+  const int64_t count = end_block - first_block, groups = (count + q - 1) / q;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t pb0 = first_block + count * g / groups;
+    const int64_t nq = first_block + count * (g + 1) / groups - pb0;
+    std::fill(mv.begin(), mv.end(), neg_inf);
+    std::fill(sv.begin(), sv.end(), Acc(0));
+    // (A) the logits, tile by tile, exp'd against the running max.
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t j0 = t * kTileRows, nr = std::min(kTileRows, N - j0);
+      const Acc* er = sh.items + j0 * dp;
+      for (int64_t b = 0; b < nq; ++b) {
+        const int64_t pb = pb0 + b;
+        Acc* tile = panel + (t * q + b) * kTileRows * kPb;
+        Acc* next = NextTile(panel, t, b, nq, q, tiles);
+        Gemm<Acc, I, true, false>(false, nr, kPb, d, er, dp, pr.st.data() + pb * dp * kPb, kPb,
+                                  tile, kPb);
+        TileLogits<Acc, I>(pr, zs, j0, nr, pb, tile, cursor.data(), first.data());
+        V bm[NV], mm[NV], ss[NV];
+        for (int64_t v = 0; v < NV; ++v) bm[v] = V{} + neg_inf;
+        for (int64_t j = 0; j < nr; ++j) {
+          for (int64_t v = 0; v < NV; ++v) bm[v] = MaxOf(bm[v], LoadVec<V>(&tile[j * kPb + v * W]));
+        }
+        Acc* mb = mv.data() + b * kPb;
+        for (int64_t v = 0; v < NV; ++v) {
+          const V old = LoadVec<V>(mb + v * W);
+          const V m_new = MaxOf(old, bm[v] * zs);
+          // A position whose logits are all -inf so far keeps m = -inf and s = 0.
+          mm[v] = m_new == neg_inf ? V{} : m_new;
+          ss[v] = LoadVec<V>(sv.data() + b * kPb + v * W) * ExpOf<V, Acc, I>(old - mm[v]);
+          StoreVec(mb + v * W, m_new);
+          StoreVec(&mt[(b * tiles + t) * kPb + v * W], mm[v]);
+        }
+        for (int64_t j = 0; j < nr; ++j) {
+          PrefetchRow(next, j, true);
+          for (int64_t v = 0; v < NV; ++v) {
+            const V x = ExpOf<V, Acc, I>(LoadVec<V>(&tile[j * kPb + v * W]) * zs - mm[v]);
+            ss[v] += x;
+            StoreVec(&tile[j * kPb + v * W], x);
+          }
+        }
+        for (int64_t v = 0; v < NV; ++v) StoreVec(sv.data() + b * kPb + v * W, ss[v]);
+      }
+    }
+    // lse = m + log s (-inf where every logit is -inf: m = -inf, s = 0).
+    for (int64_t b = 0; b < nq; ++b) {
+      Acc* lse = sh.lse + (pb0 + b) * kPb;
+      for (int64_t x = 0; x < kPb; ++x) {
+        const Acc m = mv[b * kPb + x];
+        lse[x] = m == neg_inf ? m : m + std::log(sv[b * kPb + x]);
+      }
+    }
+    // (B) G tile by tile into the scratch tile, then its two products.
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t j0 = t * kTileRows, nr = std::min(kTileRows, N - j0);
+      const Acc* er = sh.items + j0 * dp;
+      for (int64_t b = 0; b < nq; ++b) {
+        const int64_t pb = pb0 + b;
+        const Acc* tile = panel + (t * q + b) * kTileRows * kPb;
+        const Acc* next = NextTile(panel, t, b, nq, q, tiles);
+        V f[NV];
+        for (int64_t v = 0; v < NV; ++v) {
+          const V cv = LoadVec<V>(&sh.c[pb * kPb + v * W]);
+          const V x = cv * ExpOf<V, Acc, I>(LoadVec<V>(&mt[(b * tiles + t) * kPb + v * W]) -
+                                            LoadVec<V>(sh.lse + pb * kPb + v * W));
+          f[v] = cv == Acc(0) ? V{} : x;
+        }
+        for (int64_t j = 0; j < nr; ++j) {
+          PrefetchRow(next, j, false);
+          V sum = V{};
+          for (int64_t v = 0; v < NV; ++v) {
+            const V gv = LoadVec<V>(&tile[j * kPb + v * W]) * f[v];
+            sum += gv;
+            StoreVec(&scratch[j * kPb + v * W], gv);
+          }
+          if (db != nullptr) {
+            Acc total = 0;
+            for (int64_t l = 0; l < W; ++l) total += sum[l];
+            db[j0 + j] += total;
+          }
+        }
+        Gemm<Acc, I, false, false>(false, nr, dp, kPb, scratch.data(), kPb,
+                                   pr.sa.data() + pb * kPb * dp, dp, de + j0 * dp, dp);
+        Gemm<Acc, I, false, true>(false, dm, kPb, nr, er, dp, scratch.data(), kPb,
+                                  sh.ds + pb * dm * kPb, kPb);
+      }
+    }
+    // The extra logits' gradients: the stored exp(z - m) of their tile, scaled as G.
+    for (int64_t b = 0; b < nq; ++b) {
+      const int64_t a0 = (pb0 + b) * kPb, a1 = std::min(a0 + kPb, pr.Pa);
+      for (int64_t a = a0; a < a1; ++a) {
+        const Acc c = sh.c[a];
+        for (int64_t x = pr.ex_start[a]; x < pr.ex_start[a + 1]; ++x) {
+          const int64_t j = pr.ex_item[x], t = j / kTileRows;
+          const Acc stored = panel[((t * q + b) * kTileRows + j % kTileRows) * kPb + (a - a0)];
+          sh.dextra[x] =
+              c == Acc(0) ? Acc(0)
+                          : stored * c * std::exp(mt[(b * tiles + t) * kPb + (a - a0)] - sh.lse[a]);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T, typename Acc>
@@ -834,11 +1024,162 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   }
 }
 
-#define RECOPS_FLCE_INSTANTIATE_(T, Acc)                                                      \
-  template void FlceForward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&, Acc*, \
-                                    Acc*);                                                    \
-  template void FlceBackward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&,      \
-                                     const Acc*, const Acc*, const Acc*, T*, T*, T*, T*);
+template <typename T, typename Acc>
+void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc* loss,
+                         Acc* lse, T* dstates, T* ditems, T* dbias, T* dextra_values) {
+  const int64_t P = in.P, N = in.N, d = in.d;
+  const int64_t dp = (d + 15) / 16 * 16;
+  const int64_t lanes_max = std::max<int64_t>(1, NumThreads(ctx));
+  const int64_t bytes = static_cast<int64_t>(sizeof(Acc)) * N * ((kPb + dp) * lanes_max + dp);
+  // The panels on the float GEMM only (T = Acc); bfloat16 inputs, and catalogues whose
+  // panels would pass the budget, take the forward and then the backward.
+  if (!std::is_same_v<T, Acc> || P == 0 || bytes > PanelBudget()) {
+    FlceForward<T, Acc>(ctx, in, loss, lse);
+    const std::vector<Acc> ones(P, Acc(1)), zeros(P, Acc(0));
+    FlceBackward<T, Acc>(ctx, in, ones.data(), zeros.data(), lse, dstates, ditems, dbias,
+                         dextra_values);
+    return;
+  }
+  const int64_t K = static_cast<int64_t>(in.extra_positions.size());
+  std::fill(loss, loss + P, Acc(0));
+  std::fill(lse, lse + P, Acc(0));
+  std::fill(dstates, dstates + P * d, FromAcc<T, Acc>(Acc(0)));
+  std::fill(dextra_values, dextra_values + K, FromAcc<T, Acc>(Acc(0)));
+  const Prepared<Acc> pr = Prepare<T, Acc>(ctx, in);
+  if (pr.Pa == 0) {
+    std::fill(ditems, ditems + N * d, FromAcc<T, Acc>(Acc(0)));
+    if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<T, Acc>(Acc(0)));
+    return;
+  }
+  const Acc eps = static_cast<Acc>(in.label_smoothing);
+  const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
+  // The backward's coefficients for dloss = 1, dlse = 0 (FlceBackward's, with those values).
+  PanelShared<Acc> sh;
+  sh.c.assign(pr.Pad, Acc(0));
+  std::vector<Acc> onehot(pr.Pa), uni(pr.Pa), lse_a(pr.Pad, Acc(0));
+  for (int64_t a = 0; a < pr.Pa; ++a) {
+    sh.c[a] = pr.w[a];
+    onehot[a] = pr.w[a] * (Acc(1) - eps);
+    uni[a] = pr.w[a] * eps / static_cast<Acc>(N);
+  }
+  std::vector<Acc> uniform_de;
+  Acc uniform_db = 0;
+  if (eps != Acc(0)) {
+    uniform_de.assign(d, Acc(0));
+    for (int64_t a = 0; a < pr.Pa; ++a) {
+      uniform_db += uni[a];
+      for (int64_t k = 0; k < d; ++k) uniform_de[k] += uni[a] * pr.sa[a * dp + k];
+    }
+  }
+  std::vector<int64_t> by_target(pr.Pa);
+  std::iota(by_target.begin(), by_target.end(), 0);
+  std::stable_sort(by_target.begin(), by_target.end(),
+                   [&](int64_t x, int64_t z) { return pr.y[x] < pr.y[z]; });
+  // The lanes' buffers from TensorFlow's allocator (reused from step to step: fresh pages
+  // would be faulted in and zeroed at every call, 5-10% of the op at 12,000 items).
+  const int64_t lanes = std::min<int64_t>(lanes_max, pr.blocks);
+  // Blocks of positions per group: up to kPanelGroup, no more than leaves every lane a group,
+  // and within the budget.
+  int64_t q = std::max<int64_t>(1, std::min<int64_t>(kPanelGroup, pr.blocks / lanes));
+  if (const char* text = std::getenv("RECOPS_FLCE_GROUP")) q = std::max(1, std::atoi(text));
+  while (q > 1 &&
+         static_cast<int64_t>(sizeof(Acc)) * N * ((kPb * q + dp) * lanes + dp) > PanelBudget())
+    --q;
+  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  tensorflow::Tensor items_t, panels_t, de_t;
+  const tensorflow::DataType type = tensorflow::DataTypeToEnum<Acc>::v();
+  for (auto [t, n] :
+       {std::pair{&items_t, N * dp}, std::pair{&panels_t, lanes * q * tiles * kTileRows * kPb},
+        std::pair{&de_t, lanes * N * dp}}) {
+    const absl::Status status = ctx->allocate_temp(type, tensorflow::TensorShape({n}), t);
+    if (!status.ok()) {
+      ctx->SetStatus(status);
+      return;
+    }
+  }
+  // The item rows once, dp apart (normalised where asked), for every lane and block.
+  Acc* items = items_t.flat<Acc>().data();
+  ParallelFor(ctx, N, 4 * d + 8, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      for (int64_t k = 0; k < d; ++k) items[j * dp + k] = ItemValue(in, pr, j, k);
+      for (int64_t k = d; k < dp; ++k) items[j * dp + k] = Acc(0);
+    }
+  });
+  sh.items = items;
+  const int64_t dm = DsRows(d);
+  std::vector<Acc> ds(pr.blocks * dm * kPb, Acc(0)), dextra(pr.ex_item.size(), Acc(0));
+  sh.lse = lse_a.data();
+  sh.ds = ds.data();
+  sh.dextra = dextra.data();
+  Acc* panels = panels_t.flat<Acc>().data();
+  Acc* de = de_t.flat<Acc>().data();
+  std::vector<Acc> db(dbias == nullptr ? 0 : lanes * N);
+  ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
+    for (int64_t l = l0; l < l1; ++l) {
+      RECOPS_WITH_ISA(
+          (PanelLane<T, Acc, I>(in, pr, sh, l, lanes, q, panels + l * q * tiles * kTileRows * kPb,
+                                de + l * N * dp, db.empty() ? nullptr : db.data() + l * N)));
+    }
+  });
+  // dE and dbias: the lanes' sums (lane order), then each block's one-hot, smoothing and
+  // temperature terms.
+  const int64_t blocks = (N + kNb - 1) / kNb;
+  ParallelFor(ctx, blocks, kNb * dp * (lanes + 4), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j0 = b * kNb, nb = std::min(kNb, N - j0);
+      Acc* out = de + j0 * dp;
+      for (int64_t l = 1; l < lanes; ++l) {
+        const Acc* part = de + l * N * dp + j0 * dp;
+        for (int64_t x = 0; x < nb * dp; ++x) out[x] += part[x];
+      }
+      Acc* dbo = db.empty() ? nullptr : db.data() + j0;
+      for (int64_t l = 1; l < lanes && dbo != nullptr; ++l) {
+        for (int64_t j = 0; j < nb; ++j) dbo[j] += db[l * N + j0 + j];
+      }
+      std::vector<Acc> db_none;
+      if (dbo == nullptr) {
+        db_none.assign(nb, Acc(0));
+        dbo = db_none.data();
+      }
+      FinishItemBlock(in, pr, onehot, uniform_de, uniform_db, by_target, j0, nb, out, dbo, ditems,
+                      dbias);
+    }
+  });
+  // dS: the one-hot and uniform terms, the temperature; the loss from lse.
+  ParallelFor(ctx, pr.Pa, 4 * d + 8, [&](int64_t a0, int64_t a1) {
+    for (int64_t a = a0; a < a1; ++a) {
+      T* out = dstates + pr.rows[a] * d;
+      const int64_t y = pr.y[a];
+      for (int64_t k = 0; k < d; ++k) {
+        Acc g = ds[((a / kPb) * dm + k) * kPb + a % kPb];
+        g -= onehot[a] * items[y * dp + k];
+        if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
+        out[k] = FromAcc<T, Acc>(g * inv_tau);
+      }
+    }
+  });
+  for (int64_t a = 0; a < pr.Pa; ++a) {
+    const int64_t p = pr.rows[a];
+    const Acc value = lse_a[a];
+    lse[p] = value;
+    Acc ce = value - pr.zy[a];
+    if (eps != Acc(0)) ce = (Acc(1) - eps) * ce + eps * (value - pr.zmean[a]);
+    loss[p] = pr.w[a] * ce;
+    for (int64_t x = pr.ex_start[a]; x < pr.ex_start[a + 1]; ++x) {
+      Acc g = dextra[x] - uni[a];
+      if (pr.ex_item[x] == pr.y[a]) g -= onehot[a];
+      dextra_values[pr.ex_index[x]] = FromAcc<T, Acc>(g);
+    }
+  }
+}
+
+#define RECOPS_FLCE_INSTANTIATE_(T, Acc)                                                        \
+  template void FlceForward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&, Acc*,   \
+                                    Acc*);                                                      \
+  template void FlceBackward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&,        \
+                                     const Acc*, const Acc*, const Acc*, T*, T*, T*, T*);       \
+  template void FlceForwardBackward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&, \
+                                            Acc*, Acc*, T*, T*, T*, T*);
 RECOPS_FLCE_INSTANTIATE_(float, float)
 RECOPS_FLCE_INSTANTIATE_(Eigen::bfloat16, float)
 RECOPS_FLCE_INSTANTIATE_(double, double)

@@ -62,6 +62,18 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
                   const Acc* dlse, const Acc* lse, T* dstates, T* ditems, T* dbias,
                   T* dextra_values);
 
+// Forward and the gradients for dloss = 1 and dlse = 0 in one pass (the training step's
+// case: a loss summed or averaged over positions has a uniform upstream gradient, which the
+// gradient op applies as a factor): per block of positions, its logits over the whole
+// catalogue are made once into a panel [N x kPb] per thread, exp'd once, and turned into the
+// softmax gradient in place: 3 products (S·Eᵀ, G·S, Eᵀ·G) where forward + backward make 4.
+// Memory: per thread N x (kPb + dp) values besides an [N x dp] copy of the items; past
+// RECOPS_FLCE_PANEL_MB (default 256 MiB), and for bfloat16 inputs, it runs FlceForward and
+// then FlceBackward.
+template <typename T, typename Acc>
+void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc* loss,
+                         Acc* lse, T* dstates, T* ditems, T* dbias, T* dextra_values);
+
 }  // namespace recops
 
 #endif  // RECOPS_KERNELS_FUSED_LINEAR_CROSS_ENTROPY_H_

@@ -2,6 +2,8 @@
 // kernels/fused_linear_cross_entropy.cc.
 #include <cmath>
 
+#include "kernels/common/dtypes.h"
+#include "kernels/common/parallel.h"
 #include "kernels/common/validation.h"
 #include "kernels/fused_linear_cross_entropy.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -156,17 +158,113 @@ class FlceGradOp : public FlceBase<T> {
   }
 };
 
-#define REGISTER(T, Acc)                                             \
-  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropy")     \
-                              .Device(tensorflow::DEVICE_CPU)        \
-                              .TypeConstraint<T>("T")                \
-                              .TypeConstraint<Acc>("Tout"),          \
-                          FlceOp<T, Acc>);                           \
-  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropyGrad") \
-                              .Device(tensorflow::DEVICE_CPU)        \
-                              .TypeConstraint<T>("T")                \
-                              .TypeConstraint<Acc>("Tout"),          \
-                          FlceGradOp<T, Acc>);
+// The forward with the gradients for a unit upstream (FlceForwardBackward): outputs loss, lse
+// and the gradients of states, items, bias ([0] without one) and extra_values for dloss = 1,
+// dlse = 0, which FlceApplyGradOp scales by the real upstream.
+template <typename T, typename Acc>
+class FlceWithGradOp : public FlceBase<T> {
+ public:
+  using FlceBase<T>::FlceBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    FlceInputs<T> in;
+    OP_REQUIRES_OK(ctx, this->Read(ctx, 0, &in));
+    Tensor *loss = nullptr, *lse = nullptr, *dstates = nullptr, *ditems = nullptr, *dbias = nullptr,
+           *dextra = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.P}), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({in.P}), &lse));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(0).shape(), &dstates));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, ctx->input(1).shape(), &ditems));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, ctx->input(3).shape(), &dbias));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, ctx->input(6).shape(), &dextra));
+    FlceForwardBackward<T, Acc>(ctx, in, loss->flat<Acc>().data(), lse->flat<Acc>().data(),
+                                dstates->flat<T>().data(), ditems->flat<T>().data(),
+                                in.bias == nullptr ? nullptr : dbias->flat<T>().data(),
+                                dextra->flat<T>().data());
+  }
+};
+
+// The gradient of FlceWithGradOp: where dlse is 0 and dloss the same value g at every position
+// (a loss summed or averaged over positions), g times the forward's unit gradients (in their
+// buffers where nothing else holds them); otherwise the backward (FlceBackward) from scratch.
+template <typename T, typename Acc>
+class FlceApplyGradOp : public FlceBase<T> {
+ public:
+  using FlceBase<T>::FlceBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    FlceInputs<T> in;
+    OP_REQUIRES_OK(ctx, this->Read(ctx, 6, &in));
+    const char* names[] = {"dloss", "dlse", "lse"};
+    const int at[] = {0, 1, 14};
+    for (int i = 0; i < 3; ++i) {
+      const Tensor& t = ctx->input(at[i]);
+      OP_REQUIRES(ctx, t.dims() == 1 && t.dim_size(0) == in.P,
+                  absl::InvalidArgumentError(absl::StrCat(names[i], " must be [P] = [", in.P,
+                                                          "], got ", t.shape().DebugString())));
+    }
+    const int units[] = {2, 3, 4, 5}, like[] = {6, 7, 9, 12};
+    const char* unit_names[] = {"unit_dstates", "unit_ditems", "unit_dbias", "unit_dextra_values"};
+    for (int i = 0; i < 4; ++i) {
+      OP_REQUIRES(
+          ctx, ctx->input(units[i]).shape() == ctx->input(like[i]).shape(),
+          absl::InvalidArgumentError(absl::StrCat(
+              unit_names[i], " must have the shape ", ctx->input(like[i]).shape().DebugString(),
+              ", got ", ctx->input(units[i]).shape().DebugString())));
+    }
+    const auto dloss = ctx->input(0).flat<Acc>();
+    const auto dlse = ctx->input(1).flat<Acc>();
+    bool uniform = true;
+    for (int64_t p = 0; p < in.P && uniform; ++p)
+      uniform = dloss(p) == dloss(0) && dlse(p) == Acc(0);
+    if (!uniform) {
+      Tensor *dstates = nullptr, *ditems = nullptr, *dbias = nullptr, *dextra = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(6).shape(), &dstates));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(7).shape(), &ditems));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(9).shape(), &dbias));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(3, ctx->input(12).shape(), &dextra));
+      FlceBackward<T, Acc>(ctx, in, dloss.data(), dlse.data(), ctx->input(14).flat<Acc>().data(),
+                           dstates->flat<T>().data(), ditems->flat<T>().data(),
+                           in.bias == nullptr ? nullptr : dbias->flat<T>().data(),
+                           dextra->flat<T>().data());
+      return;
+    }
+    const Acc g = in.P == 0 ? Acc(0) : dloss(0);
+    for (int i = 0; i < 4; ++i) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
+                              {units[i]}, i, ctx->input(units[i]).shape(), &out));
+      const auto src = ctx->input(units[i]).flat<T>();
+      auto dst = out->flat<T>();
+      const int64_t n = src.size();
+      ParallelFor(ctx, n, 2, [&](int64_t x0, int64_t x1) {
+        for (int64_t x = x0; x < x1; ++x) dst(x) = FromAcc<T, Acc>(ToAcc<T, Acc>(src(x)) * g);
+      });
+    }
+  }
+};
+
+#define REGISTER(T, Acc)                                                  \
+  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropy")          \
+                              .Device(tensorflow::DEVICE_CPU)             \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Acc>("Tout"),               \
+                          FlceOp<T, Acc>);                                \
+  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropyGrad")      \
+                              .Device(tensorflow::DEVICE_CPU)             \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Acc>("Tout"),               \
+                          FlceGradOp<T, Acc>);                            \
+  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropyWithGrad")  \
+                              .Device(tensorflow::DEVICE_CPU)             \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Acc>("Tout"),               \
+                          FlceWithGradOp<T, Acc>);                        \
+  REGISTER_KERNEL_BUILDER(Name("Recops>FusedLinearCrossEntropyApplyGrad") \
+                              .Device(tensorflow::DEVICE_CPU)             \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Acc>("Tout"),               \
+                          FlceApplyGradOp<T, Acc>);
 REGISTER(float, float)
 REGISTER(Eigen::bfloat16, float)
 REGISTER(double, double)

@@ -105,4 +105,88 @@ block, dz_pj = (dloss_p weight_p + dlse_p) softmax_pj - dloss_p weight_p ((1 -
 label_smoothing) [j = target_p] + label_smoothing / N); no [P, N] buffer.
 )doc");
 
+REGISTER_OP("Recops>FusedLinearCrossEntropyWithGrad")
+    .Input("states: T")
+    .Input("items: T")
+    .Input("targets: Tidx")
+    .Input("bias: T")
+    .Input("extra_positions: Tidx")
+    .Input("extra_items: Tidx")
+    .Input("extra_values: T")
+    .Input("weights: T")
+    .Output("loss: Tout")
+    .Output("lse: Tout")
+    .Output("unit_dstates: T")
+    .Output("unit_ditems: T")
+    .Output("unit_dbias: T")
+    .Output("unit_dextra_values: T")
+    .Attr("T: {float, bfloat16, double}")
+    .Attr("Tout: {float, double}")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .Attr("temperature: float = 1.0")
+    .Attr("label_smoothing: float = 0.0")
+    .Attr("normalize_items: bool = false")
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle states, items;
+      TF_RETURN_IF_ERROR(FlceShapes(c, 0, &states, &items));
+      ShapeHandle p = c->Vector(c->Dim(states, 0));
+      c->set_output(0, p);
+      c->set_output(1, p);
+      c->set_output(2, states);
+      c->set_output(3, items);
+      c->set_output(4, c->input(3));
+      c->set_output(5, c->input(6));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+FusedLinearCrossEntropy's loss and lse, and the gradients of states, items, bias and
+extra_values for dloss = 1 and dlse = 0, in one pass (a training step's loss is summed or
+averaged over positions: its upstream gradient is one value, applied by
+FusedLinearCrossEntropyApplyGrad). Per block of positions the logits over the whole catalogue
+are made once (a panel per thread, bounded by RECOPS_FLCE_PANEL_MB, default 256 MiB; past it
+the forward and then the backward run): three products instead of the four of forward +
+backward. Never a [P, N] buffer.
+)doc");
+
+REGISTER_OP("Recops>FusedLinearCrossEntropyApplyGrad")
+    .Input("dloss: Tout")
+    .Input("dlse: Tout")
+    .Input("unit_dstates: T")
+    .Input("unit_ditems: T")
+    .Input("unit_dbias: T")
+    .Input("unit_dextra_values: T")
+    .Input("states: T")
+    .Input("items: T")
+    .Input("targets: Tidx")
+    .Input("bias: T")
+    .Input("extra_positions: Tidx")
+    .Input("extra_items: Tidx")
+    .Input("extra_values: T")
+    .Input("weights: T")
+    .Input("lse: Tout")
+    .Output("dstates: T")
+    .Output("ditems: T")
+    .Output("dbias: T")
+    .Output("dextra_values: T")
+    .Attr("T: {float, bfloat16, double}")
+    .Attr("Tout: {float, double}")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .Attr("temperature: float = 1.0")
+    .Attr("label_smoothing: float = 0.0")
+    .Attr("normalize_items: bool = false")
+    .SetShapeFn([](InferenceContext* c) -> absl::Status {
+      ShapeHandle states, items;
+      TF_RETURN_IF_ERROR(FlceShapes(c, 6, &states, &items));
+      c->set_output(0, states);
+      c->set_output(1, items);
+      c->set_output(2, c->input(9));
+      c->set_output(3, c->input(12));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of FusedLinearCrossEntropyWithGrad: where dlse is 0 and dloss one value g at every
+position, g times the forward's unit gradients; otherwise FusedLinearCrossEntropyGrad's
+backward from the inputs and lse.
+)doc");
+
 }  // namespace recops

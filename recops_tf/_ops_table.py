@@ -267,11 +267,16 @@ OPS = (
         stem="fused_linear_cross_entropy",
         # Not an operator of the Rec SDK: no seed operator (docs/ops.md shows "-").
         seed_ops=(),
-        tf_ops=("FusedLinearCrossEntropy", "FusedLinearCrossEntropyGrad"),
+        tf_ops=("FusedLinearCrossEntropy", "FusedLinearCrossEntropyGrad",
+                "FusedLinearCrossEntropyWithGrad", "FusedLinearCrossEntropyApplyGrad"),
         public=("fused_linear_cross_entropy",),
         gradient="FusedLinearCrossEntropyGrad (dstates, ditems, dbias, dextra_values from "
                  "dloss and dlse; the logits recomputed tile by tile from the forward's lse, "
-                 "never the [P, N] matrix); targets, weights and the extra logits' indices get "
+                 "never the [P, N] matrix); with gradients_in_forward, "
+                 "FusedLinearCrossEntropyWithGrad makes them for a unit upstream in the "
+                 "forward's one pass and FusedLinearCrossEntropyApplyGrad scales them (or runs "
+                 "the backward where the upstream is not uniform); targets, weights and the "
+                 "extra logits' indices get "
                  "none; second order not implemented (raises)",
         reference=("fused_linear_cross_entropy",),
         # Kernels: float32 and bfloat16 (float32 loss), float64; no float16.

@@ -70,9 +70,15 @@ for dtype in (tf.float32, tf.bfloat16, tf.float64):
         "flce": lambda se: tf.stack(rt.fused_linear_cross_entropy(
             se[:70], se[70:], flce_targets, bias=t("fb", 300), label_smoothing=0.1,
             return_lse=True)),
+        # The one-pass gradients (gradients_in_forward): the loss's square root squared
+        # gives every position the same upstream gradient, the case the forward's panels take.
+        "flce_one_pass": lambda se: tf.sqrt(tf.reduce_sum(rt.fused_linear_cross_entropy(
+            se[:70], se[70:], flce_targets, bias=t("fb", 300), label_smoothing=0.1,
+            gradients_in_forward=True)))[None],
     }
     ragged = {"hstu": q, "fuxi": q, "hstu_d32": q32}
-    dense = {"flce": t("se", 370, 32)}  # the inputs of the ops not fed x
+    # The inputs of the ops not fed x.
+    dense = {"flce": t("se", 370, 32), "flce_one_pass": t("se", 370, 32)}
     for name, fn in fns.items():
         arg = ragged[name].flat_values if name in ragged else dense.get(name, x)
         with tf.GradientTape() as tape:

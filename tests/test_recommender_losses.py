@@ -260,8 +260,9 @@ def test_bf16_precision_puts_the_full_softmax_on_bfloat16():
             for mine, theirs in zip(model.weights, values["f32"][1].weights):
                 mine.assign(theirs)
         fn = tf.function(lambda: model_module.next_item_loss(model, items, stamps, "full"))
+        # A training step's loss: the one-pass op (gradients made in the forward).
         ops = [op for op in fn.get_concrete_function().graph.get_operations()
-               if op.type == "Recops>FusedLinearCrossEntropy"]
+               if op.type == "Recops>FusedLinearCrossEntropyWithGrad"]
         assert ops and ops[0].get_attr("T") == (tf.bfloat16 if precision == "bf16"
                                                 else tf.float32)
         with tf.GradientTape() as tape:

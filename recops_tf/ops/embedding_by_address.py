@@ -474,7 +474,8 @@ def anchored_lookup(table, addresses, anchor):
 
 # Gradient ops whose row-gradient output nothing but the consumer reads: a tensor they made
 # that may be written in place (InplaceAdd writes through aliases, so this is checked by op).
-_FRESH_GRADIENT_OPS = frozenset({"Recops>FusedLinearCrossEntropyGrad"})
+_FRESH_GRADIENT_OPS = frozenset({"Recops>FusedLinearCrossEntropyGrad",
+                                "Recops>FusedLinearCrossEntropyApplyGrad"})
 
 
 def _fresh(t):

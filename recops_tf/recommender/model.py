@@ -538,9 +538,12 @@ def _fused_full_softmax(model, states, targets, training, read, label_smoothing,
         flat, matrix = tf.cast(flat, tf.bfloat16), tf.cast(matrix, tf.bfloat16)
         if extra is not None:
             extra = extra[:2] + (tf.cast(extra[2], tf.bfloat16),)
+    # A training step differentiates the mean (or sum) of the loss: its gradients are made in
+    # the forward's pass over the logits (three products instead of four).
     return fused_linear_cross_entropy(
         flat, matrix, targets.flat_values - 1, temperature=model.temperature,
-        normalize=model.l2_norm, extra_logits=extra, label_smoothing=label_smoothing)
+        normalize=model.l2_norm, extra_logits=extra, label_smoothing=label_smoothing,
+        gradients_in_forward=bool(training))
 
 
 def _cross_entropy(logits, target_logit, label_smoothing, valid=None):

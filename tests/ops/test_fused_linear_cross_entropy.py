@@ -301,3 +301,96 @@ def test_item_gradient_in_the_items_own_buffer(dtype, normalize):
     for got, want in zip(grads("fused"), grads("reference")):
         rtol, atol = (2e-2, 2e-2) if dtype == tf.bfloat16 else (1e-4, 1e-5)
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * max(np.abs(want).max(), 1))
+
+
+# gradients_in_forward: the forward makes the gradients for a unit upstream in one pass over
+# the logits (panels of up to 4 position blocks per thread), the backward scales them.
+@pytest.mark.parametrize("panels", ["panels", "budget 0: forward then backward"])
+@pytest.mark.parametrize("shape", [(70, 300, 16), (5, 3, 4), (2200, 301, 20), (130, 513, 33)])
+@pytest.mark.parametrize("option", ["plain", "all", "normalize"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_in_forward_match_reference(dtype, option, shape, panels, monkeypatch):
+    if panels != "panels":
+        monkeypatch.setenv("RECOPS_FLCE_PANEL_MB", "0")
+    P, N, d = shape
+    s, e, y, b, pos, items, v, w = problem(P, N, d, dtype, extras=2 * P)
+    options = dict(OPTIONS[option])
+
+    def mean_loss(kernel):
+        def fn(s, e, b, v):
+            kw = dict(options)
+            if kw.pop("with_bias", False):
+                kw["bias"] = b
+            if kw.pop("with_extras", False):
+                kw["extra_logits"] = (pos, items, v)
+            if kw.pop("with_weights", False):
+                kw["weights"] = tf.cast(w, s.dtype)
+            loss = flce(s, e, y, kernel=kernel, gradients_in_forward=kernel == "fused", **kw)
+            # A mean over positions: one upstream value for every position (the one-pass case).
+            return tf.reduce_mean(loss)[None]
+        return fn
+
+    args = [s, e, b, v]
+    assert_matches_reference(mean_loss("fused"), mean_loss("reference"), args, dtype,
+                             magnitude=10.0, reduction=N)
+    assert_gradients_match_reference(mean_loss("fused"), mean_loss("reference"), args,
+                                     [0, 1, 2, 3], dtype, magnitude=4.0, reduction=N)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_in_forward_with_any_upstream(dtype):
+    """Per-position upstream gradients and lse's: the backward runs from scratch, exactly."""
+    s, e, y, b, pos, items, v, w = problem(130, 300, 16, dtype, extras=200)
+    fused, ref = fns(y, pos, items, w, with_bias=True, with_extras=True, label_smoothing=0.1)
+
+    def fused_in_forward(s, e, b, v):
+        return flce(s, e, y, return_lse=True, bias=b, extra_logits=(pos, items, v),
+                    label_smoothing=0.1, gradients_in_forward=True)
+
+    args = [s, e, b, v]
+    assert_matches_reference(fused_in_forward, ref, args, dtype, magnitude=4.0, reduction=300)
+    assert_gradients_match_reference(fused_in_forward, ref, args, [0, 1, 2, 3], dtype,
+                                     magnitude=4.0, reduction=300)
+
+
+def test_gradients_in_forward_equal_the_two_pass_gradients_in_float64():
+    """The one-pass gradients (panels) and forward + backward, float64, the same to rounding."""
+    s, e, y, *_ = problem(300, 1000, 24, tf.float64)
+    out = []
+    for one_pass in (False, True):
+        with tf.GradientTape() as tape:
+            tape.watch([s, e])
+            loss = tf.reduce_sum(flce(s, e, y, temperature=0.3, gradients_in_forward=one_pass))
+        out.append([loss] + tape.gradient(loss, [s, e]))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-13)
+
+
+def test_gradients_in_forward_deterministic():
+    s, e, y, *_ = problem(700, 2000, 16, tf.float32)
+    runs = []
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            tape.watch([s, e])
+            loss = tf.reduce_mean(flce(s, e, y, gradients_in_forward=True))
+        runs.append([loss.numpy()] + [g.numpy() for g in tape.gradient(loss, [s, e])])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_apply_grad_checks_the_unit_gradients_shapes():
+    s, e, y, *_ = problem(8, 20, 4, tf.float32)
+    from recops_tf.ops._common import lib
+    lib = lib()
+    empty = tf.zeros([0], tf.float32)
+    idx = tf.zeros([0], tf.int64)
+    loss, lse, ds, de, db, dx = lib.recops_fused_linear_cross_entropy_with_grad(
+        s, e, y, empty, idx, idx, empty, empty, Tout=tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="unit_ditems must have the shape"):
+        lib.recops_fused_linear_cross_entropy_apply_grad(
+            tf.ones([8]), tf.zeros([8]), ds, de[:3], db, dx, s, e, y, empty, idx, idx, empty,
+            empty, lse)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dloss must be"):
+        lib.recops_fused_linear_cross_entropy_apply_grad(
+            tf.ones([7]), tf.zeros([8]), ds, de, db, dx, s, e, y, empty, idx, idx, empty,
+            empty, lse)

@@ -28,9 +28,19 @@ def build(p=70, n=300, d=16, dtype=tf.float32, index_dtype=tf.int64, seed=0):
     targets = tf.constant(rng.integers(0, n, size=p), index_dtype)
     a = [random_values([p, d], dtype, seed + 1), random_values([n, d], dtype, seed + 2)]
     flops = 2 * p * n * d
+
+    def one_pass():
+        """The one-pass form (gradients_in_forward: FusedLinearCrossEntropyWithGrad and
+        FusedLinearCrossEntropyApplyGrad) of a mean loss: its value and gradients."""
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            loss = tf.reduce_mean(recops_tf.fused_linear_cross_entropy(
+                a[0], a[1], targets, gradients_in_forward=True))
+        return [loss] + tape.gradient(loss, a)
+
     return Case(label,
                 lambda s, e: recops_tf.fused_linear_cross_entropy(s, e, targets),
                 lambda s, e: ref.fused_linear_cross_entropy(s, e, targets)[0],
                 a, [0, 1], bytes_forward=0, bytes_backward=0, flops_forward=flops,
                 flops_backward=2 * flops, upstream_dtype=tf.float64 if dtype == tf.float64
-                else tf.float32)
+                else tf.float32, auxiliary=one_pass)

@@ -62,4 +62,8 @@ def run_all():
             out, _ = concrete(*case.args)
             assert_close(out, case.reference(*case.args), tf.float32, what=row.stem)
             seen |= _ops_in(concrete)
+            if case.auxiliary is not None:  # the stem's other ops (another form of the op)
+                auxiliary = tf.function(case.auxiliary).get_concrete_function()
+                auxiliary()
+                seen |= _ops_in(auxiliary)
     return sorted(seen)
