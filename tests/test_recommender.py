@@ -551,3 +551,15 @@ def test_the_checkpoint_at_an_epochs_end_holds_its_validation(tmp_path):
              if k.startswith("state/") and k.endswith(".ATTRIBUTES/VARIABLE_VALUE")}
     assert json.loads(value["history"].decode()) == whole.validation[:1]
     assert (int(value["epoch"]), int(value["steps"])) == (1, 2)
+
+
+def test_progress_bar_says_no_best_before_the_first_validation(capsys):
+    """An epoch that ends before the first validation (--eval-every longer than an epoch) with
+    the progress bar: no "best -1.0000 at step -1" line."""
+    data = rec.synthetic(num_users=64, num_items=40, seed=2)
+    lines = []
+    rec.train(data, _tiny_config(epochs=2, eval_every=5, max_steps=5), progress=True,
+              log=lines.append)
+    capsys.readouterr()
+    assert any("best" in line for line in lines), lines
+    assert not any("at step -1" in line for line in lines), lines

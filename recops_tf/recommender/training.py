@@ -848,8 +848,9 @@ def train(dataset, config, checkpoint_dir=None, resume=False, logdir=None, progr
                 bar.update(skip + done, [(val_name, value)], finalize=False)
         if bar is not None:
             bar.update(skip + done, finalize=True)
-            log(f"  best {val_name} {float(state.best):.4f} at step {int(state.best_step)} "
-                f"(epoch {int(state.best_epoch)})")
+            if int(state.best_step) >= 0:  # none yet while no validation has run
+                log(f"  best {val_name} {float(state.best):.4f} at step "
+                    f"{int(state.best_step)} (epoch {int(state.best_epoch)})")
         if finished_epoch:
             state.epoch.assign_add(1)
             state.step_in_epoch.assign(0)
