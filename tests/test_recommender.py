@@ -563,3 +563,24 @@ def test_progress_bar_says_no_best_before_the_first_validation(capsys):
     capsys.readouterr()
     assert any("best" in line for line in lines), lines
     assert not any("at step -1" in line for line in lines), lines
+
+
+def test_refit_trains_on_the_validation_items_and_reports_both_figures():
+    """refit_epochs: after the choices on validation the kept weights train on every event
+    before the test item; the result keeps the test figures before it, the model is the
+    refitted one (other weights, the figures of its own evaluation)."""
+    data = rec.synthetic(num_users=96, num_items=40, seed=4)
+    config = _tiny_config(epochs=2)
+    plain = rec.train(data, config, progress=False)
+    refitted = rec.train(data, dataclasses.replace(config, refit_epochs=2), progress=False)
+    assert plain.test_train_only is None and plain.refit_seconds == 0.0
+    # The same run up to the refit: its figures before are the plain run's.
+    for metric in ("hr@10", "ndcg@10"):
+        assert refitted.test_train_only[metric] == pytest.approx(plain.test[metric], abs=1e-12)
+    assert refitted.refit_seconds > 0
+    split = rec.Split.leave_one_out(data)
+    again = rec.evaluate(refitted.model, split, "test")
+    assert again["ndcg@10"] == pytest.approx(refitted.test["ndcg@10"], abs=1e-12)
+    moved = [not np.allclose(a, b) for a, b in zip(plain.model.get_weights(),
+                                                   refitted.model.get_weights())]
+    assert any(moved)

@@ -110,6 +110,23 @@ def test_fit_takes_more_dropout_and_the_weight_average_on_short_sparse_histories
         assert rec.Config.from_preset(preset).weight_average == 0.0
 
 
+def test_fit_refits_on_the_validation_items_on_short_histories():
+    config = rec.Config.from_preset("auto")
+    short, reasons = prof.fit(_profile(length=dict(p10=2, p50=5, p90=12, p99=30, max=60)),
+                              config)
+    long, _ = prof.fit(_profile(length=dict(p10=20, p50=prof.SPARSE_MEDIAN_HISTORY + 1,
+                                            p90=90, p99=300, max=999)), config)
+    assert (short.refit_epochs, long.refit_epochs) == (prof.SPARSE_REFIT_EPOCHS, 0)
+    assert "one in 4" in reasons["refit_epochs"]
+    given, _ = prof.fit(_profile(), rec.Config.from_preset("auto", refit_epochs=1),
+                        given={"refit_epochs"})
+    assert given.refit_epochs == 1
+    for preset in ("hstu", "hstu-large", "sasrec"):
+        assert rec.Config.from_preset(preset).refit_epochs == 0
+    with pytest.raises(ValueError, match="refit_epochs must be >= 0"):
+        rec.Config(refit_epochs=-1).check()
+
+
 def test_fit_schedule_is_counted_in_steps():
     config = rec.Config.from_preset("auto")
     big, _ = prof.fit(_profile(users=100_000), config)

@@ -44,11 +44,13 @@ from recops_tf.recommender import evaluation
 
 # The Config fields `fit` may set (the CLI's --help says "fitted to the data" for them).
 FITTED = ("loss", "negatives_per", "max_seq_len", "batch_size", "eval_every", "patience",
-          "min_steps", "max_steps", "epochs", "dropout_rate", "weight_average")
+          "min_steps", "max_steps", "epochs", "dropout_rate", "weight_average",
+          "refit_epochs")
 FULL_SOFTMAX_MAX_LOGITS = 30_000_000
 SPARSE_MEDIAN_HISTORY = 20
 SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
 SPARSE_WEIGHT_AVERAGE = 0.8
+SPARSE_REFIT_EPOCHS = 3
 MAX_HISTORY = 200
 MIN_STEPS_PER_EPOCH = 32
 MIN_EVAL_EVERY, MAX_EVAL_EVERY = 50, 1000
@@ -131,11 +133,16 @@ def fit(prof, config, given=()):
                f"{SPARSE_MEDIAN_HISTORY}: short, sparse histories, more dropout")
         choose("weight_average", SPARSE_WEIGHT_AVERAGE, f"short, sparse histories: validated "
                f"and tested on an average of the weights (decay {SPARSE_WEIGHT_AVERAGE})")
+        choose("refit_epochs", SPARSE_REFIT_EPOCHS, f"short histories: the transition into "
+               f"the validation item is one in {max(median - 1, 1)}; once chosen on "
+               f"validation, the model trains {SPARSE_REFIT_EPOCHS} more epochs with it")
     else:
         choose("dropout_rate", DENSE_DROPOUT, f"the median history has {median} items > "
                f"{SPARSE_MEDIAN_HISTORY}: the paper's dropout")
         choose("weight_average", 0.0, f"the median history has {median} items > "
                f"{SPARSE_MEDIAN_HISTORY}: the raw weights")
+        choose("refit_epochs", 0, f"the median history has {median} items > "
+               f"{SPARSE_MEDIAN_HISTORY}: the validation item adds little (no refit)")
     history = min(MAX_HISTORY, max(8, 8 * math.ceil(prof.length["p99"] / 8)))
     choose("max_seq_len", history, f"99% of the training histories have at most "
            f"{prof.length['p99']} items (at most {MAX_HISTORY})")

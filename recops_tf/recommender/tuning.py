@@ -93,7 +93,7 @@ def estimate_seconds(dataset, base, probe_steps=30, train=None):
 
     train = train or rec.train
     probe = dataclasses.replace(base, max_steps=probe_steps, epochs=0, eval_every=probe_steps,
-                                patience=0, min_steps=0)
+                                patience=0, min_steps=0, refit_epochs=0)
     result = train(dataset, probe, progress=False, log=lambda *a: None)
     per_step = (result.train_seconds - result.first_step_seconds) / max(result.steps - 1, 1)
     steps_per_epoch = math.ceil(dataset.num_users / base.batch_size)
@@ -175,8 +175,9 @@ def tune(dataset, base, out_dir, trials=20, budget_minutes=0.0, given=(), log=pr
                 return True
             return False
 
-        result = train(dataset, config, progress=False, log=lambda *a: None,
-                       on_validation=report)
+        # A trial is judged on validation: no refit (it would only add time).
+        result = train(dataset, dataclasses.replace(config, refit_epochs=0), progress=False,
+                       log=lambda *a: None, on_validation=report)
         seconds = time.perf_counter() - began
         value = max(h[metric] for h in result.validation)
         trial.set_user_attr("seconds", seconds)
