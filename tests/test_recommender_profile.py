@@ -117,7 +117,7 @@ def test_fit_refits_on_the_validation_items_on_short_histories():
     long, _ = prof.fit(_profile(length=dict(p10=20, p50=prof.SPARSE_MEDIAN_HISTORY + 1,
                                             p90=90, p99=300, max=999)), config)
     assert (short.refit_epochs, long.refit_epochs) == (prof.SPARSE_REFIT_EPOCHS, 0)
-    assert "one in 4" in reasons["refit_epochs"]
+    assert "one in 5" in reasons["refit_epochs"]
     given, _ = prof.fit(_profile(), rec.Config.from_preset("auto", refit_epochs=1),
                         given={"refit_epochs"})
     assert given.refit_epochs == 1

@@ -134,8 +134,9 @@ def fit(prof, config, given=()):
         choose("weight_average", SPARSE_WEIGHT_AVERAGE, f"short, sparse histories: validated "
                f"and tested on an average of the weights (decay {SPARSE_WEIGHT_AVERAGE})")
         choose("refit_epochs", SPARSE_REFIT_EPOCHS, f"short histories: the transition into "
-               f"the validation item is one in {max(median - 1, 1)}; once chosen on "
-               f"validation, the model trains {SPARSE_REFIT_EPOCHS} more epochs with it")
+               f"the validation item is one in {max(median, 1)} of a median history's; once "
+               f"the choices are made on validation, the model trains "
+               f"{SPARSE_REFIT_EPOCHS} more epochs with it")
     else:
         choose("dropout_rate", DENSE_DROPOUT, f"the median history has {median} items > "
                f"{SPARSE_MEDIAN_HISTORY}: the paper's dropout")
