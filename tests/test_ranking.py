@@ -198,6 +198,24 @@ def test_a_run_is_a_function_of_its_seed(data, kind):
     assert not all(np.array_equal(a, b.numpy()) for a, b in zip(runs[0][0], other.weights))
 
 
+def test_the_weight_average_is_validated_and_kept_while_training_reads_the_raw_weights(data):
+    kept = {}
+    for decay in (0.0, 0.9):
+        config = ranking.RankingConfig(**dict(SMALL, weight_average=decay, max_steps=1,
+                                              eval_every=1))
+        model = ranking.build("hstu", data, config)
+        initial = [v.numpy() for v in model.trainable_variables]
+        result = ranking.fit(model, data, config, log=lambda *a: None)
+        kept[decay] = (result.last_loss, [v.numpy() for v in model.trainable_variables])
+    assert kept[0.0][0] == kept[0.9][0]  # the same step from the same weights
+    # after one update the debiased decay is min(0.9, 1 / 10): 0.1 x initial + 0.9 x raw
+    for first, raw, average in zip(initial, kept[0.0][1], kept[0.9][1]):
+        np.testing.assert_allclose(average, 0.1 * first + 0.9 * raw, rtol=1e-5, atol=1e-7)
+    assert any(not np.array_equal(a, b) for a, b in zip(kept[0.0][1], kept[0.9][1]))
+    with pytest.raises(ValueError, match="weight_average"):
+        ranking.RankingConfig(weight_average=1.0).check()
+
+
 def test_two_tower_reads_a_frozen_retrieval_model(data):
     config = ranking.RankingConfig(**SMALL)
     retrieval = ranking.train_retrieval(data, log=lambda *a, **k: None, max_steps=2,
