@@ -410,8 +410,10 @@ def _train_ranking(args, argv):
     print(f"model: HSTU ranker, {config.num_blocks} blocks x {config.num_heads} heads x "
           f"{config.head_dim}, d_model {config.d_model}, {config.max_seq_len} events of "
           f"history; tasks {', '.join(f'{t} x{w:g}' for t, w in weights.items())}")
+    # --max-steps bounds every model of the run, the two-tower's retrieval HSTU too.
+    retrieval = {"max_steps": args.max_steps} if args.max_steps is not None else None
     model, report = ranking.run(data, config, baselines=baselines,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, retrieval_overrides=retrieval)
     print(f"test: {report['data']['test_events']} held-out events of {data.num_users} users "
           f"(+ {config.negative_ratio} sampled per event for watch):")
     print(ranking.table(report))

@@ -345,6 +345,27 @@ def test_recops_tf_serve_answers_rank_and_refuses_a_bad_request(data, exported):
 
 # -- the CLI -----------------------------------------------------------------------------------
 
+def test_cli_max_steps_bounds_the_two_towers_retrieval_model(tmp_path, monkeypatch):
+    """--max-steps reaches the two-tower baseline's retrieval HSTU (it trained to its own
+    defaults' bound, minutes on real data, when a smoke run asked for 4 steps)."""
+    from recops_tf import cli
+
+    seen = {}
+
+    def retrieval(data, seed=0, log=print, **overrides):
+        seen.update(overrides)
+        raise SystemExit(0)  # the bound is what this test is about; stop the run here
+
+    monkeypatch.setattr(ranking, "train_retrieval", retrieval)
+    path = _write(tmp_path)
+    argv = ["train", "--task", "ranking", "--data", str(path), "--max-steps", "4",
+            "--eval-every", "2", "--min-steps", "0", "--d-model", "16", "--heads", "1",
+            "--head-dim", "16", "--baselines", "two-tower", "--holdout", "3"]
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert seen == {"max_steps": 4}
+
+
 def test_cli_trains_reports_and_exports(tmp_path, capsys):
     from recops_tf import cli
 
