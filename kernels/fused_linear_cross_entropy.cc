@@ -1081,7 +1081,6 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
   // Blocks of positions per group: up to kPanelGroup, no more than leaves every lane a group,
   // and within the budget.
   int64_t q = std::max<int64_t>(1, std::min<int64_t>(kPanelGroup, pr.blocks / lanes));
-  if (const char* text = std::getenv("RECOPS_FLCE_GROUP")) q = std::max(1, std::atoi(text));
   while (q > 1 &&
          static_cast<int64_t>(sizeof(Acc)) * N * ((kPb * q + dp) * lanes + dp) > PanelBudget())
     --q;
