@@ -93,10 +93,11 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
         (``lse`` unused): the forward also makes the gradients for a unit upstream gradient,
         in one pass over the logits (``FusedLinearCrossEntropyWithGrad``: per block of 64
         positions the logits over the whole catalogue are made and exp'd once, three products
-        instead of the four of forward + backward; about 25% less time for the loss), and the
-        backward scales them by the upstream gradient. Exact for any upstream: where ``dloss``
-        is not one value or ``lse`` has a gradient, the backward runs as without it. Costs
-        ``threads x N x (64 + d)`` values of memory in the forward (past
+        instead of the four of forward + backward: 10-20% less time for the float32 loss;
+        bfloat16 runs forward then backward), and the backward scales them by the upstream
+        gradient. Exact for any upstream: where ``dloss`` is not one value or ``lse`` has a
+        gradient, the backward runs as without it. Costs ``threads x N x (4 x 64 + d)``
+        values of memory in the forward (past
         ``RECOPS_FLCE_PANEL_MB``, default 256, it runs forward then backward) and the
         gradients' memory from the forward on: leave it off where no gradient is taken.
       name: optional op name.
