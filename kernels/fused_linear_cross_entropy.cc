@@ -552,6 +552,25 @@ RECOPS_INLINE Vu PairsAlong(Vu lo, Vu hi) {
   }
 }
 
+// The bfloat16 pair (lo, hi) of two floats that are bfloat16 numbers (their bits' high halves).
+RECOPS_INLINE uint32_t PairOf(float lo, float hi) {
+  uint32_t x0, x1;
+  std::memcpy(&x0, &lo, 4);
+  std::memcpy(&x1, &hi, 4);
+  return (x0 >> 16) | (x1 & 0xffff0000u);
+}
+
+// S's pairs along positions [Pad / 2 x dp] (pair row pp: positions 2pp and 2pp + 1), the
+// bfloat16 dE products' B operand.
+inline std::vector<uint32_t> StatePairs(const Prepared<float>& pr) {
+  std::vector<uint32_t> sap(pr.Pad / 2 * pr.dp);
+  for (int64_t pp = 0; pp < pr.Pad / 2; ++pp) {
+    for (int64_t k = 0; k < pr.dp; ++k)
+      sap[pp * pr.dp + k] = PairOf(pr.sa[2 * pp * pr.dp + k], pr.sa[(2 * pp + 1) * pr.dp + k]);
+  }
+  return sap;
+}
+
 // Position blocks whose softmax gradient rows a bfloat16 lane keeps for one dE product: 2,048
 // positions, 1 MiB of pairs for a block of 256 items.
 constexpr int64_t kDeChunk = 32;
@@ -590,12 +609,7 @@ RECOPS_INLINE void BackwardLaneBf16(
     for (int64_t jj = 0; jj < nh; ++jj) {
       const float* r0 = e + 2 * jj * dp;
       const float* r1 = 2 * jj + 1 < nb ? r0 + dp : nullptr;
-      for (int64_t k = 0; k < dp; ++k) {
-        uint32_t x0, x1 = 0;
-        std::memcpy(&x0, r0 + k, 4);
-        if (r1 != nullptr) std::memcpy(&x1, r1 + k, 4);
-        et[k * nh_max + jj] = (x0 >> 16) | (x1 & 0xffff0000u);
-      }
+      for (int64_t k = 0; k < dp; ++k) et[k * nh_max + jj] = PairOf(r0[k], r1 == nullptr ? 0.0f : r1[k]);
     }
     std::fill(db.begin(), db.begin() + nb, 0.0f);
     for (int64_t pb0 = 0; pb0 < pr.blocks; pb0 += chunk) {
@@ -707,6 +721,11 @@ struct PanelShared {
   Acc* lse = nullptr;          // [Pad] out
   Acc* ds = nullptr;           // [blocks x dm x kPb] dSᵀ, each block written by one lane
   Acc* dextra = nullptr;       // [extras] by the active positions' sorted extras
+  // bfloat16 inputs (the tiles' operands as bfloat16 pairs, made once for every lane):
+  const uint32_t* ep = nullptr;   // [N x dp / 2] the item rows, pairs along d
+  const uint32_t* etp = nullptr;  // [tiles x dp x kTileRows / 2] Eᵀ, pairs of a tile's items
+  const uint32_t* stp = nullptr;  // [blocks x dp / 2 x kPb] st, pairs along d
+  const uint32_t* sap = nullptr;  // [Pad / 2 x dp] S, pairs along positions (StatePairs)
 };
 
 // The panel's tile after tile (t, b) in the order the passes take them (nullptr: none).
@@ -736,16 +755,20 @@ RECOPS_INLINE void PrefetchRow(const Acc* tile, int64_t j, bool write) {
   }
 }
 
-// One lane of the forward with gradients (float GEMM, T = Acc): its share of the blocks of
-// positions, in groups of at most q consecutive blocks; per group, (A) tile by tile of items (item
-// order), each block's logits into the lane's panel (tiles [kTileRows x kPb], by tile then
-// block: both passes walk it in address order) with an online logsumexp,
-// stored as exp(z - m) for the block's running max m at that tile (kept per tile, `mt`), while
-// the tile is in L1; (B) tile by tile, each block's softmax gradient G = c exp(z - lse) =
-// stored x c exp(m_tile - lse) into an L1 scratch tile, then dE rows += G·S (the tile's dE rows
-// stay in L1 across the group's blocks), dbias, and dSᵀ [dm x kPb] += Eᵀ·G. The logits are
-// made once and exp'd once: 3 products where the forward and the backward make 4; the group
-// shares each item tile's reads and its dE rows' read and write among q blocks.
+// One lane of the forward with gradients: its share of the blocks of positions, in groups of
+// at most q consecutive blocks; per group, (A) tile by tile of items (item order), each block's
+// logits into the lane's panel (tiles [kTileRows x kPb], by tile then block: both passes walk
+// it in address order) with an online logsumexp, stored as exp(z - m) for the block's running
+// max m at that tile (kept per tile, `mt`), while the tile is in L1; (B) tile by tile, each
+// block's softmax gradient G = c exp(z - lse) = stored x c exp(m_tile - lse), then dE rows +=
+// G·S (the tile's dE rows stay in L1 across the group's blocks), dbias, and dSᵀ += Eᵀ·G. The
+// logits are made once and exp'd once: 3 products where the forward and the backward make 4;
+// the group shares each item tile's reads and its dE rows' read and write among q blocks.
+//  - float GEMM (T = Acc): G into an L1 scratch tile, multiplied per block;
+//  - bfloat16 inputs on the CPU's bfloat16 dot products (the tiles' operands packed once, in
+//    `sh`): the logits' exp on the degree-4 polynomial, and G rounded and paired as it is made,
+//    as BackwardLaneBf16 does: pairs across items for dSᵀ per block, pairs along positions for
+//    dE, one product per tile over the group's positions.
 template <typename T, typename Acc, Isa I>
 RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
                              const PanelShared<Acc>& sh, int64_t lane, int64_t lanes, int64_t q,
@@ -753,13 +776,17 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
-  const int64_t N = in.N, d = in.d, dp = pr.dp, dm = DsRows(d);
+  constexpr bool kBf16 = std::is_same_v<T, Eigen::bfloat16>;
+  const int64_t N = in.N, d = in.d, dp = pr.dp, dm = kBf16 ? dp : DsRows(d);
+  const int64_t dph = dp / 2, half = kPb / 2, nh_max = kTileRows / 2, ldg = q * half;
   const Acc zs = TileScale(pr, Acc(1) / static_cast<Acc>(in.temperature));
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
-  std::vector<Acc> mt(q * tiles * kPb), scratch(kTileRows * kPb);
+  std::vector<Acc> mt(q * tiles * kPb), scratch(kBf16 ? 0 : kTileRows * kPb);
   std::vector<Acc> mv(q * kPb), sv(q * kPb), fv(q * kPb);
+  std::vector<uint32_t> gp(kBf16 ? kTileRows * ldg : 0), gv(kBf16 ? nh_max * kPb : 0);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
+  Bf16Item item(kBf16);
   std::fill(de, de + N * dp, Acc(0));
   if (db != nullptr) std::fill(db, db + N, Acc(0));
   // The lane's blocks: a contiguous share (one block more or less than another lane's), in
@@ -779,8 +806,13 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
         const int64_t pb = pb0 + b;
         Acc* tile = panel + (t * q + b) * kTileRows * kPb;
         Acc* next = NextTile(panel, t, b, nq, q, tiles);
-        Gemm<Acc, I, true, false>(false, nr, kPb, d, er, dp, pr.st.data() + pb * dp * kPb, kPb,
-                                  tile, kPb);
+        if constexpr (kBf16) {
+          GemmBf16Packed<true>(nr, kPb, dph, sh.ep + j0 * dph, dph, sh.stp + pb * dph * kPb, kPb,
+                               tile, kPb);
+        } else {
+          Gemm<Acc, I, true, false>(false, nr, kPb, d, er, dp, pr.st.data() + pb * dp * kPb, kPb,
+                                    tile, kPb);
+        }
         TileLogits<Acc, I>(pr, zs, j0, nr, pb, tile, cursor.data(), first.data());
         V bm[NV], mm[NV], ss[NV];
         for (int64_t v = 0; v < NV; ++v) bm[v] = V{} + neg_inf;
@@ -800,7 +832,7 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
         for (int64_t j = 0; j < nr; ++j) {
           PrefetchRow(next, j, true);
           for (int64_t v = 0; v < NV; ++v) {
-            const V x = ExpOf<V, Acc, I>(LoadVec<V>(&tile[j * kPb + v * W]) * zs - mm[v]);
+            const V x = ExpOf<V, Acc, I, kBf16>(LoadVec<V>(&tile[j * kPb + v * W]) * zs - mm[v]);
             ss[v] += x;
             StoreVec(&tile[j * kPb + v * W], x);
           }
@@ -816,7 +848,7 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
         lse[x] = m == neg_inf ? m : m + std::log(sv[b * kPb + x]);
       }
     }
-    // (B) G tile by tile into the scratch tile, then its two products.
+    // (B) G tile by tile, then its products.
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t j0 = t * kTileRows, nr = std::min(kTileRows, N - j0);
       const Acc* er = sh.items + j0 * dp;
@@ -831,24 +863,77 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
                                             LoadVec<V>(sh.lse + pb * kPb + v * W));
           f[v] = cv == Acc(0) ? V{} : x;
         }
-        for (int64_t j = 0; j < nr; ++j) {
-          PrefetchRow(next, j, false);
-          V sum = V{};
-          for (int64_t v = 0; v < NV; ++v) {
-            const V gv = LoadVec<V>(&tile[j * kPb + v * W]) * f[v];
-            sum += gv;
-            StoreVec(&scratch[j * kPb + v * W], gv);
+        if constexpr (kBf16) {
+          static_assert(NV % 2 == 0, "pairs of position vectors");
+          typedef uint32_t Vu __attribute__((vector_size(sizeof(V))));
+          // Rows two at a time: G's pairs across items (gv, dSᵀ's B) and along positions (the
+          // group's gp rows, dE's A), rounded to bfloat16 straight from the registers.
+          for (int64_t i = 0; i < nr; i += 2) {
+            const bool pair = i + 1 < nr;
+            PrefetchRow(next, i, false);
+            if (pair) PrefetchRow(next, i + 1, false);
+            V sum0 = V{}, sum1 = V{};
+            Vu g0[NV], g1[NV];
+            for (int64_t v = 0; v < NV; ++v) {
+              const V x0 = LoadVec<V>(&tile[i * kPb + v * W]) * f[v];
+              sum0 += x0;
+              g0[v] = Bf16Bits(x0);
+              if (pair) {
+                const V x1 = LoadVec<V>(&tile[(i + 1) * kPb + v * W]) * f[v];
+                sum1 += x1;
+                g1[v] = Bf16Bits(x1);
+              } else {
+                g1[v] = Vu{};
+              }
+              const Vu across = (g0[v] >> 16) | (g1[v] & 0xffff0000u);
+              std::memcpy(&gv[(i / 2) * kPb + v * W], &across, sizeof(Vu));
+            }
+            uint32_t* row = gp.data() + i * ldg + b * half;
+            for (int64_t v = 0; v < NV; v += 2) {
+              const Vu p0 = PairsAlong(g0[v], g0[v + 1]);
+              std::memcpy(row + v * W / 2, &p0, sizeof(Vu));
+              if (pair) {
+                const Vu p1 = PairsAlong(g1[v], g1[v + 1]);
+                std::memcpy(row + ldg + v * W / 2, &p1, sizeof(Vu));
+              }
+            }
+            if (db != nullptr) {
+              Acc total0 = 0, total1 = 0;
+              for (int64_t l = 0; l < W; ++l) {
+                total0 += sum0[l];
+                total1 += sum1[l];
+              }
+              db[j0 + i] += total0;
+              if (pair) db[j0 + i + 1] += total1;
+            }
           }
-          if (db != nullptr) {
-            Acc total = 0;
-            for (int64_t l = 0; l < W; ++l) total += sum[l];
-            db[j0 + j] += total;
+          GemmBf16Packed<false>(dm, kPb, (nr + 1) / 2, sh.etp + t * dp * nh_max, nh_max,
+                                gv.data(), kPb, sh.ds + pb * dm * kPb, kPb);
+        } else {
+          for (int64_t j = 0; j < nr; ++j) {
+            PrefetchRow(next, j, false);
+            V sum = V{};
+            for (int64_t v = 0; v < NV; ++v) {
+              const V gx = LoadVec<V>(&tile[j * kPb + v * W]) * f[v];
+              sum += gx;
+              StoreVec(&scratch[j * kPb + v * W], gx);
+            }
+            if (db != nullptr) {
+              Acc total = 0;
+              for (int64_t l = 0; l < W; ++l) total += sum[l];
+              db[j0 + j] += total;
+            }
           }
+          Gemm<Acc, I, false, false>(false, nr, dp, kPb, scratch.data(), kPb,
+                                     pr.sa.data() + pb * kPb * dp, dp, de + j0 * dp, dp);
+          Gemm<Acc, I, false, true>(false, dm, kPb, nr, er, dp, scratch.data(), kPb,
+                                    sh.ds + pb * dm * kPb, kPb);
         }
-        Gemm<Acc, I, false, false>(false, nr, dp, kPb, scratch.data(), kPb,
-                                   pr.sa.data() + pb * kPb * dp, dp, de + j0 * dp, dp);
-        Gemm<Acc, I, false, true>(false, dm, kPb, nr, er, dp, scratch.data(), kPb,
-                                  sh.ds + pb * dm * kPb, kPb);
+      }
+      if constexpr (kBf16) {
+        // dE rows of the tile (+)= G·S over the group's positions (S unscaled).
+        GemmBf16Packed<false>(nr, dp, nq * half, gp.data(), ldg, sh.sap + pb0 * half * dp, dp,
+                              de + j0 * dp, dp);
       }
     }
     // The extra logits' gradients: the stored exp(z - m) of their tile, scaled as G.
@@ -866,6 +951,45 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
       }
     }
   }
+}
+
+// The backward's coefficients for the upstream gradients dloss and dlse ([P]; nullptr: 1 and
+// 0, the forward-with-gradients' unit upstream): per active position c (the softmax's; [Pad],
+// 0 on padding), the one-hot term's and the uniform (label smoothing) term's; that term's dE
+// row, the same for every item, and dbias; the active positions sorted by target.
+template <typename Acc>
+struct Coefficients {
+  std::vector<Acc> c, onehot, uni, uniform_de;
+  Acc uniform_db = 0;
+  std::vector<int64_t> by_target;
+};
+
+template <typename Acc>
+Coefficients<Acc> MakeCoefficients(const Prepared<Acc>& pr, int64_t N, int64_t d, Acc eps,
+                                   const Acc* dloss, const Acc* dlse) {
+  Coefficients<Acc> co;
+  co.c.assign(pr.Pad, Acc(0));
+  co.onehot.resize(pr.Pa);
+  co.uni.resize(pr.Pa);
+  for (int64_t a = 0; a < pr.Pa; ++a) {
+    const int64_t p = pr.rows[a];
+    const Acc gw = dloss == nullptr ? pr.w[a] : dloss[p] * pr.w[a];
+    co.c[a] = dlse == nullptr ? gw : gw + dlse[p];
+    co.onehot[a] = gw * (Acc(1) - eps);
+    co.uni[a] = gw * eps / static_cast<Acc>(N);
+  }
+  if (eps != Acc(0)) {
+    co.uniform_de.assign(d, Acc(0));
+    for (int64_t a = 0; a < pr.Pa; ++a) {
+      co.uniform_db += co.uni[a];
+      for (int64_t k = 0; k < d; ++k) co.uniform_de[k] += co.uni[a] * pr.sa[a * pr.dp + k];
+    }
+  }
+  co.by_target.resize(pr.Pa);
+  std::iota(co.by_target.begin(), co.by_target.end(), 0);
+  std::stable_sort(co.by_target.begin(), co.by_target.end(),
+                   [&](int64_t x, int64_t z) { return pr.y[x] < pr.y[z]; });
+  return co;
 }
 
 }  // namespace
@@ -925,31 +1049,12 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   const Prepared<Acc> pr = Prepare<T, Acc>(ctx, in);
   const Acc eps = static_cast<Acc>(in.label_smoothing);
   const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
-  // Per active position: c (the softmax's coefficient), the one-hot coefficient a and the
-  // uniform one e / N; padding positions get c = 0.
-  std::vector<Acc> c(pr.Pad, Acc(0)), lse_a(pr.Pad, Acc(0)), onehot(pr.Pa), uni(pr.Pa);
-  for (int64_t a = 0; a < pr.Pa; ++a) {
-    const int64_t p = pr.rows[a];
-    const Acc gw = dloss[p] * pr.w[a];
-    c[a] = gw + dlse[p];
-    lse_a[a] = lse[p];
-    onehot[a] = gw * (Acc(1) - eps);
-    uni[a] = gw * eps / static_cast<Acc>(N);
-  }
-  // The uniform term's dE row (the same for every item) and dbias.
-  std::vector<Acc> uniform_de;
-  Acc uniform_db = 0;
-  if (eps != Acc(0)) {
-    uniform_de.assign(d, Acc(0));
-    for (int64_t a = 0; a < pr.Pa; ++a) {
-      uniform_db += uni[a];
-      for (int64_t k = 0; k < d; ++k) uniform_de[k] += uni[a] * pr.sa[a * pr.dp + k];
-    }
-  }
-  std::vector<int64_t> by_target(pr.Pa);
-  std::iota(by_target.begin(), by_target.end(), 0);
-  std::stable_sort(by_target.begin(), by_target.end(),
-                   [&](int64_t x, int64_t z) { return pr.y[x] < pr.y[z]; });
+  const Coefficients<Acc> co = MakeCoefficients(pr, N, d, eps, dloss, dlse);
+  const std::vector<Acc>& c = co.c;
+  const std::vector<Acc>& onehot = co.onehot;
+  const std::vector<Acc>& uni = co.uni;
+  std::vector<Acc> lse_a(pr.Pad, Acc(0));
+  for (int64_t a = 0; a < pr.Pa; ++a) lse_a[a] = lse[pr.rows[a]];
   std::vector<Acc> dextra(pr.ex_item.size(), Acc(0));
   const int64_t blocks = (N + kNb - 1) / kNb;
   const int64_t lanes =
@@ -974,16 +1079,8 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   }
   // bfloat16 dot products: S's pairs along positions, dE's B operand, shared by the lanes.
   std::vector<uint32_t> sap;
-  if (bf16) {
-    sap.resize(pr.Pad / 2 * pr.dp);
-    for (int64_t pp = 0; pp < pr.Pad / 2; ++pp) {
-      for (int64_t k = 0; k < pr.dp; ++k) {
-        uint32_t x0, x1;
-        std::memcpy(&x0, &pr.sa[2 * pp * pr.dp + k], 4);
-        std::memcpy(&x1, &pr.sa[(2 * pp + 1) * pr.dp + k], 4);
-        sap[pp * pr.dp + k] = (x0 >> 16) | (x1 & 0xffff0000u);
-      }
-    }
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (bf16) sap = StatePairs(pr);
   }
   ParallelFor(ctx, lanes, int64_t{1} << 30, [&](int64_t l0, int64_t l1) {
     for (int64_t l = l0; l < l1; ++l) {
@@ -991,14 +1088,15 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
       if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
         if (bf16) {
           RECOPS_WITH_ISA(
-              (BackwardLaneBf16<I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db, by_target, l,
-                                   lanes, sap.data(), dsl, ditems, dbias, dextra.data())));
+              (BackwardLaneBf16<I>(in, pr, c, lse_a, onehot, co.uniform_de, co.uniform_db,
+                                   co.by_target, l, lanes, sap.data(), dsl, ditems, dbias,
+                                   dextra.data())));
           continue;
         }
       }
       RECOPS_WITH_ISA(
-          (BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, uniform_de, uniform_db, by_target, l,
-                                   lanes, dsl, ditems, dbias, dextra.data())));
+          (BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, co.uniform_de, co.uniform_db,
+                                   co.by_target, l, lanes, dsl, ditems, dbias, dextra.data())));
     }
   });
   // dS: the lanes' sums, the one-hot and uniform terms, the temperature.
@@ -1030,10 +1128,16 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
   const int64_t P = in.P, N = in.N, d = in.d;
   const int64_t dp = (d + 15) / 16 * 16;
   const int64_t lanes_max = std::max<int64_t>(1, NumThreads(ctx));
-  const int64_t bytes = static_cast<int64_t>(sizeof(Acc)) * N * ((kPb + dp) * lanes_max + dp);
-  // The panels on the float GEMM only (T = Acc); bfloat16 inputs, and catalogues whose
-  // panels would pass the budget, take the forward and then the backward.
-  if (!std::is_same_v<T, Acc> || P == 0 || bytes > PanelBudget()) {
+  // The panels: per lane [N x (kPb q + dp)], and [N x dp] item rows (and as many words of
+  // their bfloat16 pairs for bfloat16 inputs).
+  const bool bf16 = UseBf16Gemm<T>();
+  const int64_t shared_rows = bf16 ? 2 * dp : dp;
+  const auto panel_bytes = [&](int64_t lanes, int64_t q) {
+    return static_cast<int64_t>(sizeof(Acc)) * N * ((kPb * q + dp) * lanes + shared_rows);
+  };
+  // On the float GEMM (T = Acc) and on bfloat16 dot products; bfloat16 inputs without them,
+  // and catalogues whose panels would pass the budget, take the forward and then the backward.
+  if ((!std::is_same_v<T, Acc> && !bf16) || P == 0 || panel_bytes(lanes_max, 1) > PanelBudget()) {
     FlceForward<T, Acc>(ctx, in, loss, lse);
     const std::vector<Acc> ones(P, Acc(1)), zeros(P, Acc(0));
     FlceBackward<T, Acc>(ctx, in, ones.data(), zeros.data(), lse, dstates, ditems, dbias,
@@ -1053,37 +1157,20 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
   }
   const Acc eps = static_cast<Acc>(in.label_smoothing);
   const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
-  // The backward's coefficients for dloss = 1, dlse = 0 (FlceBackward's, with those values).
+  // The backward's coefficients for dloss = 1, dlse = 0.
+  Coefficients<Acc> co = MakeCoefficients<Acc>(pr, N, d, eps, nullptr, nullptr);
+  const std::vector<Acc>& onehot = co.onehot;
+  const std::vector<Acc>& uni = co.uni;
   PanelShared<Acc> sh;
-  sh.c.assign(pr.Pad, Acc(0));
-  std::vector<Acc> onehot(pr.Pa), uni(pr.Pa), lse_a(pr.Pad, Acc(0));
-  for (int64_t a = 0; a < pr.Pa; ++a) {
-    sh.c[a] = pr.w[a];
-    onehot[a] = pr.w[a] * (Acc(1) - eps);
-    uni[a] = pr.w[a] * eps / static_cast<Acc>(N);
-  }
-  std::vector<Acc> uniform_de;
-  Acc uniform_db = 0;
-  if (eps != Acc(0)) {
-    uniform_de.assign(d, Acc(0));
-    for (int64_t a = 0; a < pr.Pa; ++a) {
-      uniform_db += uni[a];
-      for (int64_t k = 0; k < d; ++k) uniform_de[k] += uni[a] * pr.sa[a * dp + k];
-    }
-  }
-  std::vector<int64_t> by_target(pr.Pa);
-  std::iota(by_target.begin(), by_target.end(), 0);
-  std::stable_sort(by_target.begin(), by_target.end(),
-                   [&](int64_t x, int64_t z) { return pr.y[x] < pr.y[z]; });
+  sh.c = std::move(co.c);
+  std::vector<Acc> lse_a(pr.Pad, Acc(0));
   // The lanes' buffers from TensorFlow's allocator (reused from step to step: fresh pages
   // would be faulted in and zeroed at every call, 5-10% of the op at 12,000 items).
   const int64_t lanes = std::min<int64_t>(lanes_max, pr.blocks);
   // Blocks of positions per group: up to kPanelGroup, no more than leaves every lane a group,
   // and within the budget.
   int64_t q = std::max<int64_t>(1, std::min<int64_t>(kPanelGroup, pr.blocks / lanes));
-  while (q > 1 &&
-         static_cast<int64_t>(sizeof(Acc)) * N * ((kPb * q + dp) * lanes + dp) > PanelBudget())
-    --q;
+  while (q > 1 && panel_bytes(lanes, q) > PanelBudget()) --q;
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   tensorflow::Tensor items_t, panels_t, de_t;
   const tensorflow::DataType type = tensorflow::DataTypeToEnum<Acc>::v();
@@ -1105,7 +1192,46 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
     }
   });
   sh.items = items;
-  const int64_t dm = DsRows(d);
+  // bfloat16 dot products: the tiles' operands as bfloat16 pairs, once for every lane.
+  std::vector<uint32_t> ep, etp, stp, sap;
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (bf16) {
+      const int64_t dph = dp / 2, nh_max = kTileRows / 2;
+      ep.resize(N * dph);
+      etp.assign(tiles * dp * nh_max, 0u);
+      ParallelFor(ctx, tiles, kTileRows * dp * 4, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          for (int64_t j = t * kTileRows; j < std::min(N, (t + 1) * kTileRows); ++j) {
+            const Acc* row = items + j * dp;
+            for (int64_t kk = 0; kk < dph; ++kk) ep[j * dph + kk] = PairOf(row[2 * kk], row[2 * kk + 1]);
+          }
+          for (int64_t jj = 0; jj < nh_max; ++jj) {
+            const int64_t j = t * kTileRows + 2 * jj;
+            if (j >= N) break;
+            const Acc* r0 = items + j * dp;
+            const Acc* r1 = j + 1 < N ? r0 + dp : nullptr;
+            for (int64_t k = 0; k < dp; ++k)
+              etp[(t * dp + k) * nh_max + jj] = PairOf(r0[k], r1 == nullptr ? 0.0f : r1[k]);
+          }
+        }
+      });
+      stp.resize(pr.blocks * dph * kPb);
+      for (int64_t pb = 0; pb < pr.blocks; ++pb) {
+        const Acc* st = pr.st.data() + pb * dp * kPb;
+        for (int64_t kk = 0; kk < dph; ++kk) {
+          for (int64_t n = 0; n < kPb; ++n)
+            stp[(pb * dph + kk) * kPb + n] = PairOf(st[2 * kk * kPb + n], st[(2 * kk + 1) * kPb + n]);
+        }
+      }
+      sap = StatePairs(pr);
+      sh.ep = ep.data();
+      sh.etp = etp.data();
+      sh.stp = stp.data();
+      sh.sap = sap.data();
+    }
+  }
+  // dSᵀ's rows: d rounded to 8 on the float GEMM, dp on the bfloat16 one (its tiles' 16).
+  const int64_t dm = bf16 ? dp : DsRows(d);
   std::vector<Acc> ds(pr.blocks * dm * kPb, Acc(0)), dextra(pr.ex_item.size(), Acc(0));
   sh.lse = lse_a.data();
   sh.ds = ds.data();
@@ -1140,8 +1266,8 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
         db_none.assign(nb, Acc(0));
         dbo = db_none.data();
       }
-      FinishItemBlock(in, pr, onehot, uniform_de, uniform_db, by_target, j0, nb, out, dbo, ditems,
-                      dbias);
+      FinishItemBlock(in, pr, onehot, co.uniform_de, co.uniform_db, co.by_target, j0, nb, out, dbo,
+                      ditems, dbias);
     }
   });
   // dS: the one-hot and uniform terms, the temperature; the loss from lse.

@@ -8,6 +8,9 @@ width, as a share of the machine's matmul rate of the same dtype measured in the
 
 "rate" counts the useful FLOPs, those a composite would do too: 2·P·N·d forward, 6·P·N·d
 forward + backward (the backward's recomputed logits, another 2·P·N·d, are not counted).
+Forward + backward is timed twice: the forward then the backward ("fwd+bwd"), and the
+forward that makes the gradients as it goes (``gradients_in_forward=True``, "one pass", the
+trainer's training step), whose products are the 6·P·N·d counted.
 The matmul ceiling (``recops_tf.bench.matmul_ceiling_gflops``, a 2048-square
 ``tf.linalg.matmul``) is measured before each case and the case's share is of that
 measurement, so a neighbour on the machine moves both. No composite here: at 1,000,000
@@ -74,18 +77,21 @@ def run_case(p, n, d, dtype, reps):
     def forward():
         return tf.reduce_sum(recops_tf.fused_linear_cross_entropy(states, items, targets))
 
-    @tf.function
-    def forward_backward():
-        with tf.GradientTape() as tape:
-            tape.watch([states, items])
-            loss = tf.reduce_sum(recops_tf.fused_linear_cross_entropy(states, items, targets))
-        return tape.gradient(loss, [states, items])
+    def forward_backward(one_pass):
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                tape.watch([states, items])
+                loss = tf.reduce_sum(recops_tf.fused_linear_cross_entropy(
+                    states, items, targets, gradients_in_forward=one_pass))
+            return tape.gradient(loss, [states, items])
+        return step
 
     ceiling = matmul_ceiling_gflops(2048, dtype=dtype)
     fwd = _best(forward, reps)
-    both = _best(forward_backward, reps)
-    flops = p * n * d
-    return ceiling, fwd, both, 2 * flops / fwd / 1e9, 6 * flops / both / 1e9
+    both = _best(forward_backward(False), reps)
+    one = _best(forward_backward(True), reps)
+    return ceiling, fwd, both, one
 
 
 def main(argv=None):
@@ -94,12 +100,17 @@ def main(argv=None):
     print(f"fused_linear_cross_entropy, {args.dtype}, fastest of {args.reps} calls; "
           f"% of the {args.dtype} matmul measured just before each case")
     print(f"{'P':>7} {'N':>9} {'d':>5}  {'matmul GF/s':>11}  {'fwd ms':>9} {'% mm':>5}  "
-          f"{'fwd+bwd ms':>10} {'% mm':>5}")
+          f"{'fwd+bwd ms':>10} {'% mm':>5}  {'one pass ms':>11} {'% mm':>5}")
     for p, n, d in args.grid:
-        ceiling, fwd, both, fwd_rate, both_rate = run_case(p, n, d, dtype, args.reps)
+        ceiling, fwd, both, one = run_case(p, n, d, dtype, args.reps)
+        flops = p * n * d  # multiply-adds of one product: the forward makes 1, the gradients 3
+
+        def share(seconds, products):
+            return 100 * 2 * products * flops / seconds / 1e9 / ceiling
+
         print(f"{p:>7,} {n:>9,} {d:>5}  {ceiling:>11.0f}  {fwd * 1e3:>9.1f} "
-              f"{100 * fwd_rate / ceiling:>4.0f}%  {both * 1e3:>10.1f} "
-              f"{100 * both_rate / ceiling:>4.0f}%", flush=True)
+              f"{share(fwd, 1):>4.0f}%  {both * 1e3:>10.1f} {share(both, 3):>4.0f}%  "
+              f"{one * 1e3:>11.1f} {share(one, 3):>4.0f}%", flush=True)
     return 0
 
 
