@@ -397,12 +397,12 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
 // The end of an item block's backward: the one-hot term of the block's targets, the uniform
 // term, the temperature (and the normalisation's Jacobian) applied to its dE rows `de` (dp
 // apart) and dbias sums `db`, written to ditems and dbias.
-template <typename T, typename Acc>
+template <typename T, typename Acc, typename O>
 RECOPS_INLINE void FinishItemBlock(const FlceInputs<T>& in, const Prepared<Acc>& pr,
                                    const std::vector<Acc>& onehot,
                                    const std::vector<Acc>& uniform_de, Acc uniform_db,
                                    const std::vector<int64_t>& by_target, int64_t j0, int64_t nb,
-                                   Acc* de, Acc* db, T* ditems, T* dbias) {
+                                   Acc* de, Acc* db, O* ditems, O* dbias) {
   const int64_t d = in.d, dp = pr.dp;
   const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
   {
@@ -414,7 +414,7 @@ RECOPS_INLINE void FinishItemBlock(const FlceInputs<T>& in, const Prepared<Acc>&
       db[j] -= onehot[a];
     }
     for (int64_t j = 0; j < nb; ++j) {
-      T* out = ditems + (j0 + j) * d;
+      O* out = ditems + (j0 + j) * d;
       Acc* g = de + j * dp;
       for (int64_t k = 0; k < d; ++k)
         g[k] = (g[k] - (uniform_de.empty() ? Acc(0) : uniform_de[k])) * inv_tau;
@@ -432,8 +432,8 @@ RECOPS_INLINE void FinishItemBlock(const FlceInputs<T>& in, const Prepared<Acc>&
         for (int64_t k = 0; k < d; ++k)
           g[k] = inv * (g[k] - along * Val<T, Acc>(in.items, (j0 + j) * d + k));
       }
-      for (int64_t k = 0; k < d; ++k) out[k] = FromAcc<T, Acc>(g[k]);
-      if (dbias != nullptr) dbias[j0 + j] = FromAcc<T, Acc>(db[j] - uniform_db);
+      for (int64_t k = 0; k < d; ++k) out[k] = FromAcc<O, Acc>(g[k]);
+      if (dbias != nullptr) dbias[j0 + j] = FromAcc<O, Acc>(db[j] - uniform_db);
     }
   }
 }
@@ -444,12 +444,12 @@ RECOPS_INLINE void FinishItemBlock(const FlceInputs<T>& in, const Prepared<Acc>&
 // exp(z - lse) (c = 0 on padding), the extra logits' gradients read from it, dE of the block's rows
 // (G·S, written out with the one-hot and smoothing corrections), dbias, and dS into the lane's
 // own buffer ds [Pad x d].
-template <typename T, typename Acc, Isa I>
+template <typename T, typename Acc, Isa I, typename O>
 RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
                                 const std::vector<Acc>& c, const std::vector<Acc>& lse_a,
                                 const std::vector<Acc>& onehot, const std::vector<Acc>& uniform_de,
                                 Acc uniform_db, const std::vector<int64_t>& by_target, int64_t lane,
-                                int64_t lanes, Acc* ds, T* ditems, T* dbias, Acc* dextra) {
+                                int64_t lanes, Acc* ds, O* ditems, O* dbias, Acc* dextra) {
   using V = typename IsaVec<Acc, I>::type;
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
@@ -581,13 +581,13 @@ constexpr int64_t kDeChunk = 32;
 // accumulator read and written once per chunk instead of per tile) and across items (dSᵀ =
 // Eᵀ·G's B, with Eᵀ's pairs made once per item block). `sap`: S's pairs along positions
 // [Pad / 2 x dp]; ds: dSᵀ blocks [blocks x dp x kPb].
-template <Isa I>
+template <Isa I, typename O>
 RECOPS_INLINE void BackwardLaneBf16(
     const FlceInputs<Eigen::bfloat16>& in, const Prepared<float>& pr, const std::vector<float>& c,
     const std::vector<float>& lse_a, const std::vector<float>& onehot,
     const std::vector<float>& uniform_de, float uniform_db, const std::vector<int64_t>& by_target,
-    int64_t lane, int64_t lanes, const uint32_t* sap, float* ds, Eigen::bfloat16* ditems,
-    Eigen::bfloat16* dbias, float* dextra) {
+    int64_t lane, int64_t lanes, const uint32_t* sap, float* ds, O* ditems, O* dbias,
+    float* dextra) {
   using V = typename IsaVec<float, I>::type;
   typedef uint32_t Vu __attribute__((vector_size(sizeof(V))));
   constexpr int64_t W = IsaVec<float, I>::kLanes;
@@ -1038,14 +1038,14 @@ void FlceForward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc*
   }
 }
 
-template <typename T, typename Acc>
+template <typename T, typename Acc, typename O>
 void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, const Acc* dloss,
-                  const Acc* dlse, const Acc* lse, T* dstates, T* ditems, T* dbias,
-                  T* dextra_values) {
+                  const Acc* dlse, const Acc* lse, O* dstates, O* ditems, O* dbias,
+                  O* dextra_values) {
   const int64_t P = in.P, N = in.N, d = in.d;
   const int64_t K = static_cast<int64_t>(in.extra_positions.size());
-  std::fill(dstates, dstates + P * d, FromAcc<T, Acc>(Acc(0)));
-  std::fill(dextra_values, dextra_values + K, FromAcc<T, Acc>(Acc(0)));
+  std::fill(dstates, dstates + P * d, FromAcc<O, Acc>(Acc(0)));
+  std::fill(dextra_values, dextra_values + K, FromAcc<O, Acc>(Acc(0)));
   const Prepared<Acc> pr = Prepare<T, Acc>(ctx, in);
   const Acc eps = static_cast<Acc>(in.label_smoothing);
   const Acc inv_tau = Acc(1) / static_cast<Acc>(in.temperature);
@@ -1066,8 +1066,8 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   const int64_t ds_size = pr.blocks * dm * kPb;
   std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * ds_size, Acc(0));
   if (pr.Pa == 0) {
-    std::fill(ditems, ditems + N * d, FromAcc<T, Acc>(Acc(0)));
-    if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<T, Acc>(Acc(0)));
+    std::fill(ditems, ditems + N * d, FromAcc<O, Acc>(Acc(0)));
+    if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<O, Acc>(Acc(0)));
     return;
   }
   // The targets' item rows as the logits see them, read before the lanes: ditems may be
@@ -1088,28 +1088,28 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
       if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
         if (bf16) {
           RECOPS_WITH_ISA(
-              (BackwardLaneBf16<I>(in, pr, c, lse_a, onehot, co.uniform_de, co.uniform_db,
+              (BackwardLaneBf16<I, O>(in, pr, c, lse_a, onehot, co.uniform_de, co.uniform_db,
                                    co.by_target, l, lanes, sap.data(), dsl, ditems, dbias,
                                    dextra.data())));
           continue;
         }
       }
       RECOPS_WITH_ISA(
-          (BackwardLane<T, Acc, I>(in, pr, c, lse_a, onehot, co.uniform_de, co.uniform_db,
+          (BackwardLane<T, Acc, I, O>(in, pr, c, lse_a, onehot, co.uniform_de, co.uniform_db,
                                    co.by_target, l, lanes, dsl, ditems, dbias, dextra.data())));
     }
   });
   // dS: the lanes' sums, the one-hot and uniform terms, the temperature.
   ParallelFor(ctx, pr.Pa, (lanes + 2) * d * 4, [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
-      T* out = dstates + pr.rows[a] * d;
+      O* out = dstates + pr.rows[a] * d;
       for (int64_t k = 0; k < d; ++k) {
         Acc g = 0;
         const int64_t at = ((a / kPb) * dm + k) * kPb + a % kPb;
         for (int64_t l = 0; l < lanes; ++l) g += ds[l * ds_size + at];
         g -= onehot[a] * target_rows[a * d + k];
         if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
-        out[k] = FromAcc<T, Acc>(g * inv_tau);
+        out[k] = FromAcc<O, Acc>(g * inv_tau);
       }
     }
   });
@@ -1117,14 +1117,14 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
     for (int64_t x = pr.ex_start[a]; x < pr.ex_start[a + 1]; ++x) {
       Acc g = dextra[x] - uni[a];
       if (pr.ex_item[x] == pr.y[a]) g -= onehot[a];
-      dextra_values[pr.ex_index[x]] = FromAcc<T, Acc>(g);
+      dextra_values[pr.ex_index[x]] = FromAcc<O, Acc>(g);
     }
   }
 }
 
 template <typename T, typename Acc>
 void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc* loss,
-                         Acc* lse, T* dstates, T* ditems, T* dbias, T* dextra_values) {
+                         Acc* lse, Acc* dstates, Acc* ditems, Acc* dbias, Acc* dextra_values) {
   const int64_t P = in.P, N = in.N, d = in.d;
   const int64_t dp = (d + 15) / 16 * 16;
   const int64_t lanes_max = std::max<int64_t>(1, NumThreads(ctx));
@@ -1140,19 +1140,19 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
   if ((!std::is_same_v<T, Acc> && !bf16) || P == 0 || panel_bytes(lanes_max, 1) > PanelBudget()) {
     FlceForward<T, Acc>(ctx, in, loss, lse);
     const std::vector<Acc> ones(P, Acc(1)), zeros(P, Acc(0));
-    FlceBackward<T, Acc>(ctx, in, ones.data(), zeros.data(), lse, dstates, ditems, dbias,
+    FlceBackward<T, Acc, Acc>(ctx, in, ones.data(), zeros.data(), lse, dstates, ditems, dbias,
                          dextra_values);
     return;
   }
   const int64_t K = static_cast<int64_t>(in.extra_positions.size());
   std::fill(loss, loss + P, Acc(0));
   std::fill(lse, lse + P, Acc(0));
-  std::fill(dstates, dstates + P * d, FromAcc<T, Acc>(Acc(0)));
-  std::fill(dextra_values, dextra_values + K, FromAcc<T, Acc>(Acc(0)));
+  std::fill(dstates, dstates + P * d, Acc(0));
+  std::fill(dextra_values, dextra_values + K, Acc(0));
   const Prepared<Acc> pr = Prepare<T, Acc>(ctx, in);
   if (pr.Pa == 0) {
-    std::fill(ditems, ditems + N * d, FromAcc<T, Acc>(Acc(0)));
-    if (dbias != nullptr) std::fill(dbias, dbias + N, FromAcc<T, Acc>(Acc(0)));
+    std::fill(ditems, ditems + N * d, Acc(0));
+    if (dbias != nullptr) std::fill(dbias, dbias + N, Acc(0));
     return;
   }
   const Acc eps = static_cast<Acc>(in.label_smoothing);
@@ -1273,13 +1273,13 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
   // dS: the one-hot and uniform terms, the temperature; the loss from lse.
   ParallelFor(ctx, pr.Pa, 4 * d + 8, [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
-      T* out = dstates + pr.rows[a] * d;
+      Acc* out = dstates + pr.rows[a] * d;
       const int64_t y = pr.y[a];
       for (int64_t k = 0; k < d; ++k) {
         Acc g = ds[((a / kPb) * dm + k) * kPb + a % kPb];
         g -= onehot[a] * items[y * dp + k];
         if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
-        out[k] = FromAcc<T, Acc>(g * inv_tau);
+        out[k] = g * inv_tau;
       }
     }
   });
@@ -1293,7 +1293,7 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
     for (int64_t x = pr.ex_start[a]; x < pr.ex_start[a + 1]; ++x) {
       Acc g = dextra[x] - uni[a];
       if (pr.ex_item[x] == pr.y[a]) g -= onehot[a];
-      dextra_values[pr.ex_index[x]] = FromAcc<T, Acc>(g);
+      dextra_values[pr.ex_index[x]] = g;
     }
   }
 }
@@ -1301,13 +1301,20 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
 #define RECOPS_FLCE_INSTANTIATE_(T, Acc)                                                        \
   template void FlceForward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&, Acc*,   \
                                     Acc*);                                                      \
-  template void FlceBackward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&,        \
-                                     const Acc*, const Acc*, const Acc*, T*, T*, T*, T*);       \
+  template void FlceBackward<T, Acc, T>(tensorflow::OpKernelContext*, const FlceInputs<T>&,     \
+                                        const Acc*, const Acc*, const Acc*, T*, T*, T*, T*);    \
   template void FlceForwardBackward<T, Acc>(tensorflow::OpKernelContext*, const FlceInputs<T>&, \
-                                            Acc*, Acc*, T*, T*, T*, T*);
+                                            Acc*, Acc*, Acc*, Acc*, Acc*, Acc*);
 RECOPS_FLCE_INSTANTIATE_(float, float)
 RECOPS_FLCE_INSTANTIATE_(Eigen::bfloat16, float)
 RECOPS_FLCE_INSTANTIATE_(double, double)
 #undef RECOPS_FLCE_INSTANTIATE_
+// bfloat16 inputs' backward into float (FlceForwardBackward's fallback: its unit gradients
+// are float, rounded to bfloat16 once, by FusedLinearCrossEntropyApplyGrad, after the scale).
+template void FlceBackward<Eigen::bfloat16, float, float>(tensorflow::OpKernelContext*,
+                                                          const FlceInputs<Eigen::bfloat16>&,
+                                                          const float*, const float*,
+                                                          const float*, float*, float*, float*,
+                                                          float*);
 
 }  // namespace recops

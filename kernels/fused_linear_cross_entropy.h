@@ -56,15 +56,16 @@ void FlceForward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc*
 
 // Backward: from dloss, dlse and lse [P], the gradients of states [P, d], items [N, d] (ditems
 // may be in.items' own buffer: every row is read before its gradient is written), bias
-// [N] (dbias nullptr: none) and extra_values [K].
-template <typename T, typename Acc>
+// [N] (dbias nullptr: none) and extra_values [K], as O (T, or Acc for FlceForwardBackward).
+template <typename T, typename Acc, typename O = T>
 void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, const Acc* dloss,
-                  const Acc* dlse, const Acc* lse, T* dstates, T* ditems, T* dbias,
-                  T* dextra_values);
+                  const Acc* dlse, const Acc* lse, O* dstates, O* ditems, O* dbias,
+                  O* dextra_values);
 
 // Forward and the gradients for dloss = 1 and dlse = 0 in one pass (the training step's
 // case: a loss summed or averaged over positions has a uniform upstream gradient, which the
-// gradient op applies as a factor): per block of positions, its logits over the whole
+// gradient op applies as a factor; the unit gradients are Acc, so that bfloat16's are rounded
+// once, after that factor): per block of positions, its logits over the whole
 // catalogue are made once into a panel [N x kPb] per thread, exp'd once, and turned into the
 // softmax gradient in place: 3 products (S·Eᵀ, G·S, Eᵀ·G) where forward + backward make 4.
 // Memory: per thread N x (kPb + dp) values besides an [N x dp] copy of the items (and its
@@ -73,7 +74,7 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
 // FlceBackward.
 template <typename T, typename Acc>
 void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc* loss,
-                         Acc* lse, T* dstates, T* ditems, T* dbias, T* dextra_values);
+                         Acc* lse, Acc* dstates, Acc* ditems, Acc* dbias, Acc* dextra_values);
 
 }  // namespace recops
 

@@ -160,7 +160,8 @@ class FlceGradOp : public FlceBase<T> {
 
 // The forward with the gradients for a unit upstream (FlceForwardBackward): outputs loss, lse
 // and the gradients of states, items, bias ([0] without one) and extra_values for dloss = 1,
-// dlse = 0, which FlceApplyGradOp scales by the real upstream.
+// dlse = 0, in Acc (float for bfloat16 inputs), which FlceApplyGradOp scales by the real
+// upstream and rounds to T once.
 template <typename T, typename Acc>
 class FlceWithGradOp : public FlceBase<T> {
  public:
@@ -178,9 +179,9 @@ class FlceWithGradOp : public FlceBase<T> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(4, ctx->input(3).shape(), &dbias));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(5, ctx->input(6).shape(), &dextra));
     FlceForwardBackward<T, Acc>(ctx, in, loss->flat<Acc>().data(), lse->flat<Acc>().data(),
-                                dstates->flat<T>().data(), ditems->flat<T>().data(),
-                                in.bias == nullptr ? nullptr : dbias->flat<T>().data(),
-                                dextra->flat<T>().data());
+                                dstates->flat<Acc>().data(), ditems->flat<Acc>().data(),
+                                in.bias == nullptr ? nullptr : dbias->flat<Acc>().data(),
+                                dextra->flat<Acc>().data());
   }
 };
 
@@ -234,11 +235,11 @@ class FlceApplyGradOp : public FlceBase<T> {
       Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
                               {units[i]}, i, ctx->input(units[i]).shape(), &out));
-      const auto src = ctx->input(units[i]).flat<T>();
+      const auto src = ctx->input(units[i]).flat<Acc>();
       auto dst = out->flat<T>();
       const int64_t n = src.size();
       ParallelFor(ctx, n, 2, [&](int64_t x0, int64_t x1) {
-        for (int64_t x = x0; x < x1; ++x) dst(x) = FromAcc<T, Acc>(ToAcc<T, Acc>(src(x)) * g);
+        for (int64_t x = x0; x < x1; ++x) dst(x) = FromAcc<T, Acc>(src(x) * g);
       });
     }
   }

@@ -116,10 +116,10 @@ REGISTER_OP("Recops>FusedLinearCrossEntropyWithGrad")
     .Input("weights: T")
     .Output("loss: Tout")
     .Output("lse: Tout")
-    .Output("unit_dstates: T")
-    .Output("unit_ditems: T")
-    .Output("unit_dbias: T")
-    .Output("unit_dextra_values: T")
+    .Output("unit_dstates: Tout")
+    .Output("unit_ditems: Tout")
+    .Output("unit_dbias: Tout")
+    .Output("unit_dextra_values: Tout")
     .Attr("T: {float, bfloat16, double}")
     .Attr("Tout: {float, double}")
     .Attr("Tidx: {int32, int64} = DT_INT64")
@@ -142,7 +142,8 @@ REGISTER_OP("Recops>FusedLinearCrossEntropyWithGrad")
 FusedLinearCrossEntropy's loss and lse, and the gradients of states, items, bias and
 extra_values for dloss = 1 and dlse = 0, in one pass (a training step's loss is summed or
 averaged over positions: its upstream gradient is one value, applied by
-FusedLinearCrossEntropyApplyGrad). Per block of positions the logits over the whole catalogue
+FusedLinearCrossEntropyApplyGrad). The unit gradients are Tout (float for bfloat16 inputs),
+rounded to T once, after the upstream's factor. Per block of positions the logits over the whole catalogue
 are made once (a panel per thread, bounded by RECOPS_FLCE_PANEL_MB, default 256 MiB; past it
 the forward and then the backward run): three products instead of the four of forward +
 backward. Never a [P, N] buffer.
@@ -151,10 +152,10 @@ backward. Never a [P, N] buffer.
 REGISTER_OP("Recops>FusedLinearCrossEntropyApplyGrad")
     .Input("dloss: Tout")
     .Input("dlse: Tout")
-    .Input("unit_dstates: T")
-    .Input("unit_ditems: T")
-    .Input("unit_dbias: T")
-    .Input("unit_dextra_values: T")
+    .Input("unit_dstates: Tout")
+    .Input("unit_ditems: Tout")
+    .Input("unit_dbias: Tout")
+    .Input("unit_dextra_values: Tout")
     .Input("states: T")
     .Input("items: T")
     .Input("targets: Tidx")
