@@ -713,6 +713,14 @@ int64_t PanelBudget() {
 // Blocks of positions a lane of FlceForwardBackward takes together (at most).
 constexpr int64_t kPanelGroup = 4;
 
+// Items past which FlceForwardBackward runs the forward and then the backward although the
+// panels fit the budget: each lane's panel (N x 64 floats a block) then spills from the caches,
+// and its second pass's reads cost more than the recomputed logits they save. On a 2-core Xeon
+// with AMX, forward + backward against one pass (P 2,100, d 50): float32 0.80x at 12,000 items,
+// 0.87x at 25,000, 0.99x at 50,000, 1.07x at 100,000; bfloat16 about 0.9-1.0x up to 50,000 and
+// 1.11x at 100,000 (fewer blocks a group did not help: 1.09x at 100,000 with one).
+constexpr int64_t kPanelMaxItems = 50000;
+
 // What the lanes of FlceForwardBackward share besides the Prepared inputs.
 template <typename Acc>
 struct PanelShared {
@@ -1136,8 +1144,10 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
     return static_cast<int64_t>(sizeof(Acc)) * N * ((kPb * q + dp) * lanes + shared_rows);
   };
   // On the float GEMM (T = Acc) and on bfloat16 dot products; bfloat16 inputs without them,
-  // and catalogues whose panels would pass the budget, take the forward and then the backward.
-  if ((!std::is_same_v<T, Acc> && !bf16) || P == 0 || panel_bytes(lanes_max, 1) > PanelBudget()) {
+  // catalogues past kPanelMaxItems and those whose panels would pass the budget take the
+  // forward and then the backward.
+  if ((!std::is_same_v<T, Acc> && !bf16) || P == 0 || N > kPanelMaxItems ||
+      panel_bytes(lanes_max, 1) > PanelBudget()) {
     FlceForward<T, Acc>(ctx, in, loss, lse);
     const std::vector<Acc> ones(P, Acc(1)), zeros(P, Acc(0));
     FlceBackward<T, Acc, Acc>(ctx, in, ones.data(), zeros.data(), lse, dstates, ditems, dbias,

@@ -69,8 +69,9 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
 // catalogue are made once into a panel [N x kPb] per thread, exp'd once, and turned into the
 // softmax gradient in place: 3 products (S·Eᵀ, G·S, Eᵀ·G) where forward + backward make 4.
 // Memory: per thread N x (kPb + dp) values besides an [N x dp] copy of the items (and its
-// bfloat16 pairs for bfloat16 inputs); past RECOPS_FLCE_PANEL_MB (default 256 MiB), and for
-// bfloat16 inputs on a CPU without bfloat16 dot products, it runs FlceForward and then
+// bfloat16 pairs for bfloat16 inputs); past RECOPS_FLCE_PANEL_MB (default 256 MiB), past
+// 50,000 items (where the panels spill from the caches and one pass is no longer faster), and
+// for bfloat16 inputs on a CPU without bfloat16 dot products, it runs FlceForward and then
 // FlceBackward.
 template <typename T, typename Acc>
 void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, Acc* loss,

@@ -98,8 +98,9 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
         then backward), and the backward scales them by the upstream
         gradient. Exact for any upstream: where ``dloss`` is not one value or ``lse`` has a
         gradient, the backward runs as without it. Costs ``threads x N x (4 x 64 + d)``
-        values of memory in the forward (past
-        ``RECOPS_FLCE_PANEL_MB``, default 256, it runs forward then backward) and the
+        values of memory in the forward (past ``RECOPS_FLCE_PANEL_MB``, default 256, and past
+        50,000 items, where the panels spill from the caches and one pass is no longer faster,
+        it runs forward then backward) and the
         gradients' memory from the forward on: leave it off where no gradient is taken.
       name: optional op name.
 

@@ -539,9 +539,10 @@ def _fused_full_softmax(model, states, targets, training, read, label_smoothing,
         if extra is not None:
             extra = extra[:2] + (tf.cast(extra[2], tf.bfloat16),)
     # A training step differentiates the mean (or sum) of the loss: its gradients are made in
-    # the forward's pass over the logits (three products instead of four), up to catalogues
-    # whose panels fit the kernel's budget; past them the two-pass form, whose backward writes
-    # the item gradient over the gathered catalogue (one [N, d] tensor less at the peak).
+    # the forward's pass over the logits (three products instead of four), up to the
+    # catalogues where the kernel takes that path (past 50,000 items it runs forward then
+    # backward, being faster so); past them the two-pass form, whose backward writes the item
+    # gradient over the gathered catalogue (one [N, d] tensor less at the peak).
     one_pass = bool(training) and model.num_items <= ONE_PASS_MAX_ITEMS
     return fused_linear_cross_entropy(
         flat, matrix, targets.flat_values - 1, temperature=model.temperature,
@@ -549,9 +550,9 @@ def _fused_full_softmax(model, states, targets, training, read, label_smoothing,
         gradients_in_forward=one_pass)
 
 
-# The largest catalogue whose full softmax takes the one-pass gradients in training:
-# RECOPS_FLCE_PANEL_MB's default (256 MiB) holds the panels of about 200,000 items on 2 threads.
-ONE_PASS_MAX_ITEMS = 200_000
+# The largest catalogue whose full softmax takes the one-pass gradients in training: the
+# fused loss's own limit for its panels (kPanelMaxItems, kernels/fused_linear_cross_entropy.cc).
+ONE_PASS_MAX_ITEMS = 50_000
 
 
 def _cross_entropy(logits, target_logit, label_smoothing, valid=None):
