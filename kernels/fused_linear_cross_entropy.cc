@@ -795,7 +795,7 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   std::vector<uint32_t> gp(kBf16 ? kTileRows * ldg : 0), gv(kBf16 ? nh_max * kPb : 0);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
   Bf16Item item(kBf16);
-  std::fill(de, de + N * dp, Acc(0));
+  // de needs no zeros: the lane's first group writes every row (the GEMMs' overwrite form).
   if (db != nullptr) std::fill(db, db + N, Acc(0));
   // The lane's blocks: a contiguous share (one block more or less than another lane's), in
   // groups of near-equal size, at most q each.
@@ -932,16 +932,26 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
               db[j0 + j] += total;
             }
           }
-          Gemm<Acc, I, false, false>(false, nr, dp, kPb, scratch.data(), kPb,
-                                     pr.sa.data() + pb * kPb * dp, dp, de + j0 * dp, dp);
+          if (g == 0 && b == 0) {
+            Gemm<Acc, I, true, false>(false, nr, dp, kPb, scratch.data(), kPb,
+                                      pr.sa.data() + pb * kPb * dp, dp, de + j0 * dp, dp);
+          } else {
+            Gemm<Acc, I, false, false>(false, nr, dp, kPb, scratch.data(), kPb,
+                                       pr.sa.data() + pb * kPb * dp, dp, de + j0 * dp, dp);
+          }
           Gemm<Acc, I, false, true>(false, dm, kPb, nr, er, dp, scratch.data(), kPb,
                                     sh.ds + pb * dm * kPb, kPb);
         }
       }
       if constexpr (kBf16) {
         // dE rows of the tile (+)= G·S over the group's positions (S unscaled).
-        GemmBf16Packed<false>(nr, dp, nq * half, gp.data(), ldg, sh.sap + pb0 * half * dp, dp,
-                              de + j0 * dp, dp);
+        if (g == 0) {
+          GemmBf16Packed<true>(nr, dp, nq * half, gp.data(), ldg, sh.sap + pb0 * half * dp, dp,
+                               de + j0 * dp, dp);
+        } else {
+          GemmBf16Packed<false>(nr, dp, nq * half, gp.data(), ldg, sh.sap + pb0 * half * dp, dp,
+                                de + j0 * dp, dp);
+        }
       }
     }
     // The extra logits' gradients: the stored exp(z - m) of their tile, scaled as G.
@@ -1136,12 +1146,11 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
   const int64_t P = in.P, N = in.N, d = in.d;
   const int64_t dp = (d + 15) / 16 * 16;
   const int64_t lanes_max = std::max<int64_t>(1, NumThreads(ctx));
-  // The panels: per lane [N x (kPb q + dp)], and [N x dp] item rows (and as many words of
-  // their bfloat16 pairs for bfloat16 inputs).
+  // The panels: per lane [N x (kPb q + dp)], and [N x dp] item rows (as many words of their
+  // bfloat16 pairs for bfloat16 inputs).
   const bool bf16 = UseBf16Gemm<T>();
-  const int64_t shared_rows = bf16 ? 2 * dp : dp;
   const auto panel_bytes = [&](int64_t lanes, int64_t q) {
-    return static_cast<int64_t>(sizeof(Acc)) * N * ((kPb * q + dp) * lanes + shared_rows);
+    return static_cast<int64_t>(sizeof(Acc)) * N * ((kPb * q + dp) * lanes + dp);
   };
   // On the float GEMM (T = Acc) and on bfloat16 dot products; bfloat16 inputs without them,
   // catalogues past kPanelMaxItems and those whose panels would pass the budget take the
@@ -1182,10 +1191,15 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
   int64_t q = std::max<int64_t>(1, std::min<int64_t>(kPanelGroup, pr.blocks / lanes));
   while (q > 1 && panel_bytes(lanes, q) > PanelBudget()) --q;
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
-  tensorflow::Tensor items_t, panels_t, de_t;
+  // bfloat16 dot products: the tiles' operands as bfloat16 pairs, once for every lane (the
+  // items' pairs along d, then each tile's Eᵀ pairs across items), in place of float rows.
+  const int64_t dph = dp / 2, nh_max = kTileRows / 2;
+  const int64_t pack_words = bf16 ? N * dph + tiles * dp * nh_max : 0;
+  tensorflow::Tensor items_t, packs_t, panels_t, de_t;
   const tensorflow::DataType type = tensorflow::DataTypeToEnum<Acc>::v();
   for (auto [t, n] :
-       {std::pair{&items_t, N * dp}, std::pair{&panels_t, lanes * q * tiles * kTileRows * kPb},
+       {std::pair{&items_t, bf16 ? int64_t{0} : N * dp}, std::pair{&packs_t, pack_words},
+        std::pair{&panels_t, lanes * q * tiles * kTileRows * kPb},
         std::pair{&de_t, lanes * N * dp}}) {
     const absl::Status status = ctx->allocate_temp(type, tensorflow::TensorShape({n}), t);
     if (!status.ok()) {
@@ -1193,38 +1207,41 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
       return;
     }
   }
-  // The item rows once, dp apart (normalised where asked), for every lane and block.
+  // The float GEMM: the item rows once, dp apart (normalised where asked), for every lane.
   Acc* items = items_t.flat<Acc>().data();
-  ParallelFor(ctx, N, 4 * d + 8, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      for (int64_t k = 0; k < d; ++k) items[j * dp + k] = ItemValue(in, pr, j, k);
-      for (int64_t k = d; k < dp; ++k) items[j * dp + k] = Acc(0);
-    }
-  });
+  if (!bf16) {
+    ParallelFor(ctx, N, 4 * d + 8, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t k = 0; k < d; ++k) items[j * dp + k] = ItemValue(in, pr, j, k);
+        for (int64_t k = d; k < dp; ++k) items[j * dp + k] = Acc(0);
+      }
+    });
+  }
   sh.items = items;
-  // bfloat16 dot products: the tiles' operands as bfloat16 pairs, once for every lane.
-  std::vector<uint32_t> ep, etp, stp, sap;
+  std::vector<uint32_t> stp, sap;
   if constexpr (std::is_same_v<Acc, float>) {
     if (bf16) {
-      const int64_t dph = dp / 2, nh_max = kTileRows / 2;
-      ep.resize(N * dph);
-      etp.assign(tiles * dp * nh_max, 0u);
-      ParallelFor(ctx, tiles, kTileRows * dp * 4, [&](int64_t t0, int64_t t1) {
+      uint32_t* ep = reinterpret_cast<uint32_t*>(packs_t.flat<Acc>().data());
+      uint32_t* etp = ep + N * dph;
+      const auto value = [&](int64_t j, int64_t k) {
+        return j < N && k < d ? ItemValue(in, pr, j, k) : 0.0f;
+      };
+      ParallelFor(ctx, tiles, kTileRows * dp * 8, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
           for (int64_t j = t * kTileRows; j < std::min(N, (t + 1) * kTileRows); ++j) {
-            const Acc* row = items + j * dp;
-            for (int64_t kk = 0; kk < dph; ++kk) ep[j * dph + kk] = PairOf(row[2 * kk], row[2 * kk + 1]);
+            for (int64_t kk = 0; kk < dph; ++kk)
+              ep[j * dph + kk] = PairOf(value(j, 2 * kk), value(j, 2 * kk + 1));
           }
-          for (int64_t jj = 0; jj < nh_max; ++jj) {
-            const int64_t j = t * kTileRows + 2 * jj;
-            if (j >= N) break;
-            const Acc* r0 = items + j * dp;
-            const Acc* r1 = j + 1 < N ? r0 + dp : nullptr;
-            for (int64_t k = 0; k < dp; ++k)
-              etp[(t * dp + k) * nh_max + jj] = PairOf(r0[k], r1 == nullptr ? 0.0f : r1[k]);
+          for (int64_t k = 0; k < dp; ++k) {
+            for (int64_t jj = 0; jj < nh_max; ++jj) {
+              const int64_t j = t * kTileRows + 2 * jj;
+              etp[(t * dp + k) * nh_max + jj] = PairOf(value(j, k), value(j + 1, k));
+            }
           }
         }
       });
+      sh.ep = ep;
+      sh.etp = etp;
       stp.resize(pr.blocks * dph * kPb);
       for (int64_t pb = 0; pb < pr.blocks; ++pb) {
         const Acc* st = pr.st.data() + pb * dp * kPb;
@@ -1234,8 +1251,6 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
         }
       }
       sap = StatePairs(pr);
-      sh.ep = ep.data();
-      sh.etp = etp.data();
       sh.stp = stp.data();
       sh.sap = sap.data();
     }
@@ -1287,7 +1302,7 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
       const int64_t y = pr.y[a];
       for (int64_t k = 0; k < d; ++k) {
         Acc g = ds[((a / kPb) * dm + k) * kPb + a % kPb];
-        g -= onehot[a] * items[y * dp + k];
+        g -= onehot[a] * ItemValue(in, pr, y, k);
         if (eps != Acc(0)) g -= uni[a] * pr.colsum[k];
         out[k] = g * inv_tau;
       }
