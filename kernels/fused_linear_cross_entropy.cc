@@ -571,6 +571,28 @@ inline std::vector<uint32_t> StatePairs(const Prepared<float>& pr) {
   return sap;
 }
 
+// The bfloat16 forms (Bf16Bits) of G's rows i (g0) and i + 1 (g1: zeros where there is none)
+// as the tiles' pairs: across the two items (dSᵀ's B: kPb words at `across`) and along
+// positions, row by row (dE's A: kPb / 2 words at `along`, and at along + ldg for row i + 1
+// where `pair`).
+template <int64_t NV, typename Vu>
+RECOPS_INLINE void StoreGradientPairs(const Vu* g0, const Vu* g1, bool pair, uint32_t* across,
+                                      uint32_t* along, int64_t ldg) {
+  constexpr int64_t W = sizeof(Vu) / sizeof(uint32_t);
+  for (int64_t v = 0; v < NV; ++v) {
+    const Vu x = (g0[v] >> 16) | (g1[v] & 0xffff0000u);
+    std::memcpy(across + v * W, &x, sizeof(Vu));
+  }
+  for (int64_t v = 0; v < NV; v += 2) {
+    const Vu p0 = PairsAlong(g0[v], g0[v + 1]);
+    std::memcpy(along + v * W / 2, &p0, sizeof(Vu));
+    if (pair) {
+      const Vu p1 = PairsAlong(g1[v], g1[v + 1]);
+      std::memcpy(along + ldg + v * W / 2, &p1, sizeof(Vu));
+    }
+  }
+}
+
 // Position blocks whose softmax gradient rows a bfloat16 lane keeps for one dE product: 2,048
 // positions, 1 MiB of pairs for a block of 256 items.
 constexpr int64_t kDeChunk = 32;
@@ -647,17 +669,8 @@ RECOPS_INLINE void BackwardLaneBf16(
               } else {
                 g1[v] = Vu{};
               }
-              const Vu across = (g0[v] >> 16) | (g1[v] & 0xffff0000u);
-              std::memcpy(&gv[(j / 2) * kPb + v * W], &across, sizeof(Vu));
             }
-            for (int64_t v = 0; v < NV; v += 2) {
-              const Vu p0 = PairsAlong(g0[v], g0[v + 1]);
-              std::memcpy(gcol + j * ldg + v * W / 2, &p0, sizeof(Vu));
-              if (pair) {
-                const Vu p1 = PairsAlong(g1[v], g1[v + 1]);
-                std::memcpy(gcol + (j + 1) * ldg + v * W / 2, &p1, sizeof(Vu));
-              }
-            }
+            StoreGradientPairs<NV>(g0, g1, pair, &gv[(j / 2) * kPb], gcol + j * ldg, ldg);
             if (dbias != nullptr) {
               float total0 = 0, total1 = 0;
               for (int64_t l = 0; l < W; ++l) {
@@ -893,18 +906,9 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
               } else {
                 g1[v] = Vu{};
               }
-              const Vu across = (g0[v] >> 16) | (g1[v] & 0xffff0000u);
-              std::memcpy(&gv[(i / 2) * kPb + v * W], &across, sizeof(Vu));
             }
-            uint32_t* row = gp.data() + i * ldg + b * half;
-            for (int64_t v = 0; v < NV; v += 2) {
-              const Vu p0 = PairsAlong(g0[v], g0[v + 1]);
-              std::memcpy(row + v * W / 2, &p0, sizeof(Vu));
-              if (pair) {
-                const Vu p1 = PairsAlong(g1[v], g1[v + 1]);
-                std::memcpy(row + ldg + v * W / 2, &p1, sizeof(Vu));
-              }
-            }
+            StoreGradientPairs<NV>(g0, g1, pair, &gv[(i / 2) * kPb], gp.data() + i * ldg + b * half,
+                                   ldg);
             if (db != nullptr) {
               Acc total0 = 0, total1 = 0;
               for (int64_t l = 0; l < W; ++l) {
