@@ -19,7 +19,7 @@ import tensorflow as tf
 from recops_tf.layers.dynamic_embedding import DynamicEmbedding
 from recops_tf.layers.hstu_block import HSTUBlock
 from recops_tf.layers.relative_attention_bias import RelativeAttentionBias
-from recops_tf.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from recops_tf.ops.fused_linear_cross_entropy import PANEL_MAX_ITEMS, fused_linear_cross_entropy
 
 ENCODERS = ("hstu", "sasrec")
 LOSSES = ("sampled", "in-batch", "full", "gbce")
@@ -543,16 +543,12 @@ def _fused_full_softmax(model, states, targets, training, read, label_smoothing,
     # catalogues where the kernel takes that path (past 50,000 items it runs forward then
     # backward, being faster so); past them the two-pass form, whose backward writes the item
     # gradient over the gathered catalogue (one [N, d] tensor less at the peak).
-    one_pass = bool(training) and model.num_items <= ONE_PASS_MAX_ITEMS
+    one_pass = bool(training) and model.num_items <= PANEL_MAX_ITEMS
     return fused_linear_cross_entropy(
         flat, matrix, targets.flat_values - 1, temperature=model.temperature,
         normalize=model.l2_norm, extra_logits=extra, label_smoothing=label_smoothing,
         gradients_in_forward=one_pass)
 
-
-# The largest catalogue whose full softmax takes the one-pass gradients in training: the
-# fused loss's own limit for its panels (kPanelMaxItems, kernels/fused_linear_cross_entropy.cc).
-ONE_PASS_MAX_ITEMS = 50_000
 
 
 def _cross_entropy(logits, target_logit, label_smoothing, valid=None):

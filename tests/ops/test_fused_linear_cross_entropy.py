@@ -390,6 +390,33 @@ def test_gradients_in_forward_round_bfloat16_once(panels, monkeypatch):
         assert err_one <= 1.08 * err_two, (k, err_one, err_two)
 
 
+def test_gradients_in_forward_past_the_panel_limit_calls_the_plain_op(monkeypatch):
+    """Past PANEL_MAX_ITEMS the kernel would run forward then backward: the wrapper calls the
+    plain op (no unit gradients held, no scaling pass), with the same gradients."""
+    import sys
+    module = sys.modules["recops_tf.ops.fused_linear_cross_entropy"]  # the name is the function's too
+    s, e, y, *_ = problem(30, 40, 8, tf.float32)
+
+    def ops_and_grads():
+        @tf.function
+        def step(s, e):
+            with tf.GradientTape() as tape:
+                tape.watch([s, e])
+                loss = tf.reduce_mean(flce(s, e, y, gradients_in_forward=True))
+            return tape.gradient(loss, [s, e])
+        graph = step.get_concrete_function(s, e).graph
+        return {op.type for op in graph.get_operations()}, step(s, e)
+
+    below, grads_below = ops_and_grads()
+    monkeypatch.setattr(module, "PANEL_MAX_ITEMS", 39)
+    past, grads_past = ops_and_grads()
+    assert "FusedLinearCrossEntropyWithGrad" in {t.split(">")[-1] for t in below}
+    assert {t.split(">")[-1] for t in past} & {"FusedLinearCrossEntropyWithGrad"} == set()
+    assert "FusedLinearCrossEntropy" in {t.split(">")[-1] for t in past}
+    for a, b in zip(grads_below, grads_past):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+
+
 def test_gradients_in_forward_deterministic():
     s, e, y, *_ = problem(700, 2000, 16, tf.float32)
     runs = []
