@@ -604,12 +604,14 @@ constexpr int64_t kDeChunk = 32;
 // Eᵀ·G's B, with Eᵀ's pairs made once per item block). `sap`: S's pairs along positions
 // [Pad / 2 x dp]; ds: dSᵀ blocks [blocks x dp x kPb].
 template <Isa I, typename O>
-RECOPS_INLINE void BackwardLaneBf16(
-    const FlceInputs<Eigen::bfloat16>& in, const Prepared<float>& pr, const std::vector<float>& c,
-    const std::vector<float>& lse_a, const std::vector<float>& onehot,
-    const std::vector<float>& uniform_de, float uniform_db, const std::vector<int64_t>& by_target,
-    int64_t lane, int64_t lanes, const uint32_t* sap, float* ds, O* ditems, O* dbias,
-    float* dextra) {
+RECOPS_INLINE void BackwardLaneBf16(const FlceInputs<Eigen::bfloat16>& in,
+                                    const Prepared<float>& pr, const std::vector<float>& c,
+                                    const std::vector<float>& lse_a,
+                                    const std::vector<float>& onehot,
+                                    const std::vector<float>& uniform_de, float uniform_db,
+                                    const std::vector<int64_t>& by_target, int64_t lane,
+                                    int64_t lanes, const uint32_t* sap, float* ds, O* ditems,
+                                    O* dbias, float* dextra) {
   using V = typename IsaVec<float, I>::type;
   typedef uint32_t Vu __attribute__((vector_size(sizeof(V))));
   constexpr int64_t W = IsaVec<float, I>::kLanes;
@@ -631,7 +633,8 @@ RECOPS_INLINE void BackwardLaneBf16(
     for (int64_t jj = 0; jj < nh; ++jj) {
       const float* r0 = e + 2 * jj * dp;
       const float* r1 = 2 * jj + 1 < nb ? r0 + dp : nullptr;
-      for (int64_t k = 0; k < dp; ++k) et[k * nh_max + jj] = PairOf(r0[k], r1 == nullptr ? 0.0f : r1[k]);
+      for (int64_t k = 0; k < dp; ++k)
+        et[k * nh_max + jj] = PairOf(r0[k], r1 == nullptr ? 0.0f : r1[k]);
     }
     std::fill(db.begin(), db.begin() + nb, 0.0f);
     for (int64_t pb0 = 0; pb0 < pr.blocks; pb0 += chunk) {
@@ -919,8 +922,8 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
               if (pair) db[j0 + i + 1] += total1;
             }
           }
-          GemmBf16Packed<false>(dm, kPb, (nr + 1) / 2, sh.etp + t * dp * nh_max, nh_max,
-                                gv.data(), kPb, sh.ds + pb * dm * kPb, kPb);
+          GemmBf16Packed<false>(dm, kPb, (nr + 1) / 2, sh.etp + t * dp * nh_max, nh_max, gv.data(),
+                                kPb, sh.ds + pb * dm * kPb, kPb);
         } else {
           for (int64_t j = 0; j < nr; ++j) {
             PrefetchRow(next, j, false);
@@ -1109,16 +1112,15 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
       Acc* dsl = ds.data() + l * ds_size;
       if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
         if (bf16) {
-          RECOPS_WITH_ISA(
-              (BackwardLaneBf16<I, O>(in, pr, c, lse_a, onehot, co.uniform_de, co.uniform_db,
-                                   co.by_target, l, lanes, sap.data(), dsl, ditems, dbias,
-                                   dextra.data())));
+          RECOPS_WITH_ISA((BackwardLaneBf16<I, O>(in, pr, c, lse_a, onehot, co.uniform_de,
+                                                  co.uniform_db, co.by_target, l, lanes, sap.data(),
+                                                  dsl, ditems, dbias, dextra.data())));
           continue;
         }
       }
       RECOPS_WITH_ISA(
           (BackwardLane<T, Acc, I, O>(in, pr, c, lse_a, onehot, co.uniform_de, co.uniform_db,
-                                   co.by_target, l, lanes, dsl, ditems, dbias, dextra.data())));
+                                      co.by_target, l, lanes, dsl, ditems, dbias, dextra.data())));
     }
   });
   // dS: the lanes' sums, the one-hot and uniform terms, the temperature.
@@ -1164,7 +1166,7 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
     FlceForward<T, Acc>(ctx, in, loss, lse);
     const std::vector<Acc> ones(P, Acc(1)), zeros(P, Acc(0));
     FlceBackward<T, Acc, Acc>(ctx, in, ones.data(), zeros.data(), lse, dstates, ditems, dbias,
-                         dextra_values);
+                              dextra_values);
     return;
   }
   const int64_t K = static_cast<int64_t>(in.extra_positions.size());
@@ -1251,7 +1253,8 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
         const Acc* st = pr.st.data() + pb * dp * kPb;
         for (int64_t kk = 0; kk < dph; ++kk) {
           for (int64_t n = 0; n < kPb; ++n)
-            stp[(pb * dph + kk) * kPb + n] = PairOf(st[2 * kk * kPb + n], st[(2 * kk + 1) * kPb + n]);
+            stp[(pb * dph + kk) * kPb + n] =
+                PairOf(st[2 * kk * kPb + n], st[(2 * kk + 1) * kPb + n]);
         }
       }
       sap = StatePairs(pr);
@@ -1342,8 +1345,7 @@ RECOPS_FLCE_INSTANTIATE_(double, double)
 // are float, rounded to bfloat16 once, by FusedLinearCrossEntropyApplyGrad, after the scale).
 template void FlceBackward<Eigen::bfloat16, float, float>(tensorflow::OpKernelContext*,
                                                           const FlceInputs<Eigen::bfloat16>&,
-                                                          const float*, const float*,
-                                                          const float*, float*, float*, float*,
-                                                          float*);
+                                                          const float*, const float*, const float*,
+                                                          float*, float*, float*, float*);
 
 }  // namespace recops

@@ -394,7 +394,8 @@ def test_gradients_in_forward_past_the_panel_limit_calls_the_plain_op(monkeypatc
     """Past PANEL_MAX_ITEMS the kernel would run forward then backward: the wrapper calls the
     plain op (no unit gradients held, no scaling pass), with the same gradients."""
     import sys
-    module = sys.modules["recops_tf.ops.fused_linear_cross_entropy"]  # the name is the function's too
+    # The module, not recops_tf.ops' function of the same name.
+    module = sys.modules["recops_tf.ops.fused_linear_cross_entropy"]
     s, e, y, *_ = problem(30, 40, 8, tf.float32)
 
     def ops_and_grads():
