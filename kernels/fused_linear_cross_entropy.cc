@@ -807,7 +807,7 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   std::vector<Acc> mt(q * tiles * kPb), scratch(kBf16 ? 0 : kTileRows * kPb);
-  std::vector<Acc> mv(q * kPb), sv(q * kPb), fv(q * kPb);
+  std::vector<Acc> mv(q * kPb), sv(q * kPb);
   std::vector<uint32_t> gp(kBf16 ? kTileRows * ldg : 0), gv(kBf16 ? nh_max * kPb : 0);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
   Bf16Item item(kBf16);
@@ -825,7 +825,7 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
     // (A) the logits, tile by tile, exp'd against the running max.
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t j0 = t * kTileRows, nr = std::min(kTileRows, N - j0);
-      const Acc* er = sh.items + j0 * dp;
+      const Acc* er = kBf16 ? nullptr : sh.items + j0 * dp;  // the float GEMM's item rows
       for (int64_t b = 0; b < nq; ++b) {
         const int64_t pb = pb0 + b;
         Acc* tile = panel + (t * q + b) * kTileRows * kPb;
@@ -875,7 +875,7 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
     // (B) G tile by tile, then its products.
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t j0 = t * kTileRows, nr = std::min(kTileRows, N - j0);
-      const Acc* er = sh.items + j0 * dp;
+      const Acc* er = kBf16 ? nullptr : sh.items + j0 * dp;  // the float GEMM's item rows
       for (int64_t b = 0; b < nq; ++b) {
         const int64_t pb = pb0 + b;
         const Acc* tile = panel + (t * q + b) * kTileRows * kPb;
