@@ -207,25 +207,36 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
 // vector, the price of the tiles' softmax beside their GEMMs. With kLow (bfloat16 inputs: the
 // backward's softmax gradient is rounded to bfloat16, 2^-9 relative, right after; the
 // forward's sums of exp, whose inputs are bfloat16 products, are well inside bfloat16's
-// tolerance at 7e-6) a degree-4 polynomial (least squares on the reduced range), relative
-// error below 7e-6: 10% off the bfloat16 forward. ExpVec elsewhere; std::exp for double.
+// tolerance at 1e-4) 2^(x log2 e) with the fraction from vreduceps on a cubic (minimax in
+// relative error on [-1/2, 1/2]), relative error below 1e-4: 8 instructions a vector against
+// 11 for the degree-4 form it replaced, and at d 50 the tiles' exp is most of the bfloat16
+// loss's time (P 2,000, N 1,000,000: forward 449 -> 376 ms, forward + backward 1,615 -> 1,441
+// ms). ExpVec elsewhere; std::exp for double.
 template <typename V, typename Acc, Isa I, bool kLow = false>
 RECOPS_INLINE V ExpOf(V x) {
   if constexpr (std::is_same_v<Acc, float>) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
     if constexpr (I == Isa::kAvx512) {
       typedef float V16 __attribute__((vector_size(64)));
+      if constexpr (kLow) {
+        // 2^t, t = x log2(e): t's fraction f in [-1/2, 1/2] (vreduceps) on a cubic.
+        V t = x * 1.44269504088896341f;
+        t = t < -150.0f ? V{} - 150.0f : t;
+        const V f = (V)__builtin_ia32_reduceps512_mask((V16)t, 0, (V16)t, (uint16_t)0xffff);
+        V q = V{} + 5.51716685e-2f;
+        q = q * f + 2.42611140e-1f;
+        q = q * f + 6.93260968e-1f;
+        q = q * f + 9.99928057e-1f;
+        return (V)__builtin_ia32_scalefps512_mask((V16)q, (V16)(t - f), (V16)q, (uint16_t)0xffff,
+                                                  4);
+      }
       x = x < -104.0f ? V{} - 104.0f : x;
       const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
       const V n = (x * 1.44269504088896341f + magic) - magic;
       V r = x - n * 0.693359375f;
       r = r - n * -2.12194440e-4f;
       V p;
-      if constexpr (kLow) {
-        p = V{} + 4.09174e-2f;
-        p = p * r + 1.6753976e-1f;
-        p = p * r + 5.0008931e-1f;
-      } else {
+      {
         p = V{} + 1.9875691500e-4f;
         p = p * r + 1.3981999507e-3f;
         p = p * r + 8.3334519073e-3f;
@@ -341,7 +352,7 @@ RECOPS_INLINE void ForwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
   const bool bf16 = UseBf16Gemm<T>();
-  // bfloat16 inputs: the degree-4 exp (relative error below 7e-6, far inside bfloat16's 2^-9).
+  // bfloat16 inputs: the cubic exp (relative error below 1e-4, far inside bfloat16's 2^-9).
   constexpr bool kLowExp = std::is_same_v<T, Eigen::bfloat16>;
   const Acc zs = TileScale(pr, Acc(1) / static_cast<Acc>(in.temperature));
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
@@ -731,11 +742,15 @@ constexpr int64_t kPanelGroup = 4;
 
 // Items past which FlceForwardBackward runs the forward and then the backward although the
 // panels fit the budget: each lane's panel (N x 64 floats a block) then spills from the caches,
-// and its second pass's reads cost more than the recomputed logits they save. On a 2-core Xeon
-// with AMX, forward + backward against one pass (P 2,100, d 50): float32 0.80x at 12,000 items,
-// 0.87x at 25,000, 0.99x at 50,000, 1.07x at 100,000; bfloat16 about 0.9-1.0x up to 50,000 and
-// 1.11x at 100,000 (fewer blocks a group did not help: 1.09x at 100,000 with one).
-constexpr int64_t kPanelMaxItems = 50000;
+// and its second pass's reads cost more than the recomputed logits they save. One pass's time
+// over forward + backward's on a 2-core Xeon with AMX (P 2,100, d 50): float32 0.80x at 12,000
+// items, 0.87x at 25,000, 0.99x at 50,000, 1.07x at 100,000 (fewer blocks a group did not help:
+// 1.09x at 100,000 with one); bfloat16, whose two passes both exp the logits on ExpOf's cubic,
+// 0.81x at 25,000, 0.97x at 30,000, 1.04-1.06x at 35,000-40,000, 1.18-1.32x at 50,000.
+template <typename T>
+constexpr int64_t PanelMaxItems() {
+  return std::is_same_v<T, Eigen::bfloat16> ? 30000 : 50000;
+}
 
 // What the lanes of FlceForwardBackward share besides the Prepared inputs.
 template <typename Acc>
@@ -790,7 +805,7 @@ RECOPS_INLINE void PrefetchRow(const Acc* tile, int64_t j, bool write) {
 // the group shares each item tile's reads and its dE rows' read and write among q blocks.
 //  - float GEMM (T = Acc): G into an L1 scratch tile, multiplied per block;
 //  - bfloat16 inputs on the CPU's bfloat16 dot products (the tiles' operands packed once, in
-//    `sh`): the logits' exp on the degree-4 polynomial, and G rounded and paired as it is made,
+//    `sh`): the logits' exp on the cubic, and G rounded and paired as it is made,
 //    as BackwardLaneBf16 does: pairs across items for dSᵀ per block, pairs along positions for
 //    dE, one product per tile over the group's positions.
 template <typename T, typename Acc, Isa I>
@@ -1159,9 +1174,9 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
     return static_cast<int64_t>(sizeof(Acc)) * N * ((kPb * q + dp) * lanes + dp);
   };
   // On the float GEMM (T = Acc) and on bfloat16 dot products; bfloat16 inputs without them,
-  // catalogues past kPanelMaxItems and those whose panels would pass the budget take the
+  // catalogues past PanelMaxItems<T>() and those whose panels would pass the budget take the
   // forward and then the backward.
-  if ((!std::is_same_v<T, Acc> && !bf16) || P == 0 || N > kPanelMaxItems ||
+  if ((!std::is_same_v<T, Acc> && !bf16) || P == 0 || N > PanelMaxItems<T>() ||
       panel_bytes(lanes_max, 1) > PanelBudget()) {
     FlceForward<T, Acc>(ctx, in, loss, lse);
     const std::vector<Acc> ones(P, Acc(1)), zeros(P, Acc(0));

@@ -11,10 +11,10 @@ from recops_tf.reference import fused_linear_cross_entropy as reference
 
 _FN = "fused_linear_cross_entropy"
 _DTYPES = (tf.float32, tf.bfloat16, tf.float64)
-# The largest catalogue for which ``gradients_in_forward`` takes the one-pass op: the kernel's
-# kPanelMaxItems (kernels/fused_linear_cross_entropy.cc), past which its panels spill from the
-# caches and the forward then the backward is the faster form.
-PANEL_MAX_ITEMS = 50_000
+# The largest catalogue for which ``gradients_in_forward`` takes the one-pass op, by the
+# states' dtype: the kernel's PanelMaxItems (kernels/fused_linear_cross_entropy.cc), past which
+# its panels spill from the caches and the forward then the backward is the faster form.
+PANEL_MAX_ITEMS = {tf.float32: 50_000, tf.float64: 50_000, tf.bfloat16: 30_000}
 
 
 def _extra_parts(extra_logits, dtype):
@@ -103,8 +103,9 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
         gradient. Exact for any upstream: where ``dloss`` is not one value or ``lse`` has a
         gradient, the backward runs as without it. Costs ``threads x N x (4 x 64 + d)``
         values of memory in the forward (past ``RECOPS_FLCE_PANEL_MB``, default 256, it runs
-        forward then backward; past ``PANEL_MAX_ITEMS`` = 50,000 items, where the panels spill
-        from the caches and one pass is no longer faster, the plain op is called) and the
+        forward then backward; past ``PANEL_MAX_ITEMS`` items, 50,000 (30,000 for bfloat16),
+        where the panels spill from the caches and one pass is no longer faster, the plain op
+        is called) and the
         gradients' memory from the forward on: leave it off where no gradient is taken.
       name: optional op name.
 
@@ -185,7 +186,7 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
             # op then spares the unit gradients (an [N, d] float tensor held to the backward)
             # and their scaling pass (14% of the step at 1,000,000 items).
             one_pass = gradients_in_forward and not (
-                items.shape[0] is not None and items.shape[0] > PANEL_MAX_ITEMS)
+                items.shape[0] is not None and items.shape[0] > PANEL_MAX_ITEMS[states.dtype])
             op = (lib().recops_fused_linear_cross_entropy_with_grad if one_pass
                   else lib().recops_fused_linear_cross_entropy)
             loss, lse = op(

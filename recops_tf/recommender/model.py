@@ -540,10 +540,10 @@ def _fused_full_softmax(model, states, targets, training, read, label_smoothing,
             extra = extra[:2] + (tf.cast(extra[2], tf.bfloat16),)
     # A training step differentiates the mean (or sum) of the loss: its gradients are made in
     # the forward's pass over the logits (three products instead of four), up to the
-    # catalogues where the kernel takes that path (past 50,000 items it runs forward then
-    # backward, being faster so); past them the two-pass form, whose backward writes the item
-    # gradient over the gathered catalogue (one [N, d] tensor less at the peak).
-    one_pass = bool(training) and model.num_items <= PANEL_MAX_ITEMS
+    # catalogues where the kernel takes that path (past 50,000 items, 30,000 in bfloat16, it
+    # runs forward then backward, being faster so); past them the two-pass form, whose backward
+    # writes the item gradient over the gathered catalogue (one [N, d] tensor less at the peak).
+    one_pass = bool(training) and model.num_items <= PANEL_MAX_ITEMS[flat.dtype]
     return fused_linear_cross_entropy(
         flat, matrix, targets.flat_values - 1, temperature=model.temperature,
         normalize=model.l2_norm, extra_logits=extra, label_smoothing=label_smoothing,

@@ -366,6 +366,27 @@ def test_gradients_in_forward_equal_the_two_pass_gradients_in_float64():
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_bfloat16_loss_is_the_float64_loss_of_its_values(one_pass):
+    """bfloat16 inputs: products exact in float, sums in float, the logits' exp on a cubic
+    (AVX-512; relative error below 1e-4): the loss and the logsumexp are the float64 op's on
+    the same (bfloat16) values to 2e-4, over logits spanning 60 and more."""
+    s, e, y, *_ = problem(300, 1000, 24, tf.bfloat16)
+    out = {}
+    for dtype in (tf.bfloat16, tf.float64):
+        s_, e_ = tf.cast(s, dtype), tf.cast(e, dtype)
+        with tf.GradientTape() as tape:
+            tape.watch([s_, e_])
+            loss, lse = flce(s_, e_, y, temperature=0.15, return_lse=True,
+                             gradients_in_forward=one_pass)
+        tape.gradient(tf.reduce_mean(loss), [s_, e_])
+        out[dtype] = [tf.cast(t, tf.float64).numpy() for t in (loss, lse)]
+    z = tf.cast(s, tf.float64).numpy() @ tf.cast(e, tf.float64).numpy().T / 0.15
+    assert np.median(np.ptp(z, axis=1)) > 60
+    for got, want in zip(out[tf.bfloat16], out[tf.float64]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4)
+
+
 @pytest.mark.parametrize("panels", ["panels", "budget 0: forward then backward"])
 def test_gradients_in_forward_round_bfloat16_once(panels, monkeypatch):
     """bfloat16: the unit gradients stay float until the upstream's factor (a mean's 1 / 300)
@@ -409,7 +430,7 @@ def test_gradients_in_forward_past_the_panel_limit_calls_the_plain_op(monkeypatc
         return {op.type for op in graph.get_operations()}, step(s, e)
 
     below, grads_below = ops_and_grads()
-    monkeypatch.setattr(module, "PANEL_MAX_ITEMS", 39)
+    monkeypatch.setitem(module.PANEL_MAX_ITEMS, tf.float32, 39)
     past, grads_past = ops_and_grads()
     assert "FusedLinearCrossEntropyWithGrad" in {t.split(">")[-1] for t in below}
     assert {t.split(">")[-1] for t in past} & {"FusedLinearCrossEntropyWithGrad"} == set()
