@@ -129,8 +129,9 @@ def test_the_trainer_chooses_the_weight_on_validation():
     result = rec.train(data, _config(), progress=False)
     prior, model = result.transition_prior, result.model
     grid = training_module.TRANSITION_PRIOR_GRID
-    assert [float(w) for w in prior["validation"]] == list(grid)
-    chosen = max(grid, key=lambda w: (prior["validation"][str(w)], -w))
+    tried = [float(w) for w in prior["validation"]]
+    assert tried[:len(grid)] == list(grid)
+    chosen = max(tried, key=lambda w: (prior["validation"][str(w)], -w))
     assert prior["value"] == chosen == float(model.transition_weight.numpy())
     # After 4 steps the encoder knows little; the chain knows the cycle: the prior wins on
     # validation, and the test metrics are those of the weight chosen.
@@ -155,6 +156,31 @@ def test_the_trainer_chooses_the_weight_on_validation():
         result.config.validation_metric] == prior["validation"][str(chosen)]
     model.transition_weight.assign(0.0)
     assert training_module.evaluate(model, split, "test") == prior["test_without"]
+
+
+@pytest.mark.parametrize("peak, chosen, extra", [
+    (4.0, 4.0, []),  # inside the grid: the grid only
+    (32.0, 32.0, [64.0]),  # the grid's last is the best: one doubling shows it stays so
+    (256.0, 256.0, [64.0, 128.0, 256.0, 512.0]),
+    (1e9, 1024.0, [64.0, 128.0, 256.0, 512.0, 1024.0]),  # up to TRANSITION_PRIOR_MAX
+])
+def test_the_grid_extends_while_its_last_weight_is_the_best(monkeypatch, peak, chosen, extra):
+    """AUTO doubles the grid's last weight while it has the best validation metric (a tie keeps
+    the smaller weight): a metric that rises with the weight up to `peak`, level past it."""
+    model = _model()
+    seen = []
+
+    def evaluate(model, split, which, exclude_seen, group=None):
+        weight = float(model.transition_weight.numpy())
+        seen.append(weight)
+        return {"ndcg@10": min(weight, peak)}
+
+    monkeypatch.setattr(training_module, "evaluate", evaluate)
+    config = rec.Config(transition_prior=training_module.AUTO)
+    prior = training_module.choose_transition_prior(model, None, config)
+    assert seen == list(training_module.TRANSITION_PRIOR_GRID) + extra
+    assert [float(w) for w in prior["validation"]] == seen
+    assert prior["value"] == chosen == float(model.transition_weight.numpy())
 
 
 def test_a_given_weight_is_kept_and_the_presets_have_no_prior():
@@ -219,7 +245,7 @@ def test_the_cli_flag(tmp_path, capsys):
     assert "transition prior: weight" in text and "the best validation ndcg@10 of 0: " in text
     record = json.loads(out.read_text())
     assert record["config"]["transition_prior"] == training_module.AUTO
-    assert len(record["transition_prior"]["validation"]) == len(
+    assert len(record["transition_prior"]["validation"]) >= len(
         training_module.TRANSITION_PRIOR_GRID)
     assert cli.main(args + ["--transition-prior", "0"]) == 0
     assert "transition prior" not in capsys.readouterr().out
