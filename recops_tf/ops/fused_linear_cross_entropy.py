@@ -105,8 +105,8 @@ def fused_linear_cross_entropy(states, items, targets, *, temperature=1.0, norma
         values of memory in the forward (past ``RECOPS_FLCE_PANEL_MB``, default 256, it runs
         forward then backward; past ``PANEL_MAX_ITEMS`` items, 50,000 (30,000 for bfloat16),
         where the panels spill from the caches and one pass is no longer faster, the plain op
-        is called) and the
-        gradients' memory from the forward on: leave it off where no gradient is taken.
+        is called) and the gradients' memory from the forward on: leave it off where no
+        gradient is taken.
       name: optional op name.
 
     Returns:
