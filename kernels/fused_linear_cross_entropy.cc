@@ -27,6 +27,10 @@ constexpr int64_t kPb = kFlcePositions, kNb = kFlceItems;
 // Rows of a tile's logits made at a time (the forward, the bfloat16 backward): 64 x 64 floats,
 // 16 KiB, which L1 holds as they are read back.
 constexpr int64_t kTileRows = 64;
+// The most columns past d rounded down to 16 that dE takes by dot products (ItemGradientRows):
+// each costs 4 vector FMAs a row and block of positions (and a tree sum a row and group of
+// blocks), where a vector of columns costs 64 a row and block.
+constexpr int64_t kDeTailMax = 4;
 
 // What forward and backward share, in the accumulation type: the active positions (weight not
 // 0) packed, their states as [Pad x d] rows and as blocks of [d x kPb] columns, the extra
@@ -34,12 +38,14 @@ constexpr int64_t kTileRows = 64;
 template <typename Acc>
 struct Prepared {
   int64_t Pa = 0, Pad = 0, blocks = 0;
-  int64_t dp = 0;  // d rounded up to 16: the GEMMs' widths in whole vectors (zero columns)
+  int64_t dp = 0;    // d rounded up to 16: the GEMMs' widths in whole vectors (zero columns)
+  int64_t dcut = 0;  // dE's columns made by the float GEMM (ItemGradientRows); dp or below d
   std::vector<int64_t> rows;  // active position -> position
   std::vector<int64_t> y;     // its target
   std::vector<Acc> w;         // its weight
   std::vector<Acc> sa;        // [Pad x dp]
   std::vector<Acc> st;        // [blocks x dp x kPb]
+  std::vector<Acc> s_tail;    // [blocks x (d - dcut) x kPb] Sᵀ's rows dcut.. (unscaled), or empty
   bool st_scaled = false;     // st holds S / temperature (the float GEMM's path: no pass to scale)
   std::vector<int64_t> ex_start, ex_item, ex_index;  // CSR [Pa + 1]; item; the triple's index
   std::vector<Acc> ex_val;
@@ -95,6 +101,11 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
   const int64_t dp = pr.dp;
   pr.sa.assign(pr.Pad * dp, Acc(0));
   pr.st.assign(pr.Pad * dp, Acc(0));
+  // dE's last d mod 16 columns, where they are 1 to kDeTailMax, by dot products along the
+  // positions (ItemGradientRows) instead of a vector of columns mostly zero.
+  const int64_t dcut = d / 16 * 16, tail = d - dcut;
+  pr.dcut = !UseBf16Gemm<T>() && dcut > 0 && tail > 0 && tail <= kDeTailMax ? dcut : dp;
+  if (pr.dcut < d) pr.s_tail.assign(pr.blocks * tail * kPb, Acc(0));
   // Off the bfloat16 GEMM (whose operands must stay exact bfloat16 values) the temperature
   // goes into the transposed states, so a tile needs no pass to scale its logits.
   pr.st_scaled = !UseBf16Gemm<T>();
@@ -107,6 +118,10 @@ Prepared<Acc> Prepare(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in)
       for (int64_t k = 0; k < d; ++k) {
         row[k] = Val<T, Acc>(src, k);
         col[k * kPb] = row[k] * st_scale;
+      }
+      if (pr.dcut < d) {
+        Acc* tcol = pr.s_tail.data() + (a / kPb) * tail * kPb + a % kPb;
+        for (int64_t k = pr.dcut; k < d; ++k) tcol[(k - pr.dcut) * kPb] = row[k];
       }
     }
   });
@@ -275,9 +290,66 @@ RECOPS_INLINE void Gemm(bool bf16, int64_t M, int64_t N, int64_t K, const Acc* a
 // width: the zero columns of dp would be multiplied for nothing), dp for bfloat16 (pairs).
 RECOPS_INLINE int64_t GemmDepth(bool bf16, int64_t d, int64_t dp) { return bf16 ? dp : d; }
 
-// Rows of a lane's transposed dS blocks [dm x kPb] off the bfloat16 path: d rounded up to the
-// GEMM's register block of 8 rows (the rows past d read zero columns of the item rows).
-RECOPS_INLINE int64_t DsRows(int64_t d) { return (d + 7) / 8 * 8; }
+// The sum of a vector's lanes, halves added in a fixed tree (the same on every path).
+template <typename Acc, int Bytes>
+RECOPS_INLINE Acc SumLanes(typename Vec<Acc, Bytes>::type x) {
+  if constexpr (Bytes == sizeof(Acc)) {
+    return x[0];
+  } else {
+    typename Vec<Acc, Bytes / 2>::type lo, hi;
+    std::memcpy(&lo, &x, Bytes / 2);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&x) + Bytes / 2, Bytes / 2);
+    return SumLanes<Acc, Bytes / 2>(lo + hi);
+  }
+}
+
+// dE rows [nr x d] (+)= G·S on the float GEMM: G [nr x kPb] a tile's softmax gradient (items x
+// the positions of block pb), S those positions' states (unscaled), dE dp apart. Columns up to
+// pr.dcut by the GEMM; at d 50, its last 2 (pr.s_tail) by dot products along the positions, where
+// a fourth vector of columns (64 for 50) made the GEMM 28% zeros: their lanes' sums go on in
+// `partial` ([nr x (d - dcut)] vectors of Vec<Acc>'s lanes, kept across the blocks of positions
+// that share the tile) until TailToRows adds them up.
+template <typename Acc, Isa I, bool kOverwrite>
+RECOPS_INLINE void ItemGradientRows(const Prepared<Acc>& pr, int64_t d, int64_t nr, int64_t pb,
+                                    const Acc* g, Acc* de, Acc* partial) {
+  const int64_t dp = pr.dp, dcut = pr.dcut;
+  GemmAcc<Acc, I, kOverwrite, false>(nr, dcut, kPb, g, kPb, pr.sa.data() + pb * kPb * dp, dp, de,
+                                     dp);
+  if (dcut >= d) return;
+  using V = typename Vec<Acc>::type;
+  constexpr int64_t W = Vec<Acc>::kLanes;
+  const int64_t tail = d - dcut;
+  const Acc* sb = pr.s_tail.data() + pb * tail * kPb;
+  for (int64_t c = 0; c < tail; ++c) {
+    V sv[kPb / W];  // the column's states in registers (partial's stores may alias sb)
+    for (int64_t v = 0; v < kPb / W; ++v) sv[v] = LoadVec<V>(sb + c * kPb + v * W);
+    for (int64_t j = 0; j < nr; ++j) {
+      Acc* at = partial + (j * tail + c) * W;
+      V acc = LoadVec<V>(at);
+      for (int64_t v = 0; v < kPb / W; ++v) acc += LoadVec<V>(g + j * kPb + v * W) * sv[v];
+      StoreVec(at, acc);
+    }
+  }
+}
+
+// dE rows [nr x d]' columns pr.dcut.. (+)= the lanes' sums of ItemGradientRows' `partial`,
+// which is zeroed for the next tile.
+template <typename Acc, bool kOverwrite>
+RECOPS_INLINE void TailToRows(const Prepared<Acc>& pr, int64_t d, int64_t nr, Acc* de,
+                              Acc* partial) {
+  using V = typename Vec<Acc>::type;
+  constexpr int64_t W = Vec<Acc>::kLanes;
+  const int64_t dcut = pr.dcut, tail = d - dcut;
+  for (int64_t j = 0; j < nr && dcut < d; ++j) {
+    for (int64_t c = 0; c < tail; ++c) {
+      Acc* at = partial + (j * tail + c) * W;
+      const Acc sum = SumLanes<Acc, sizeof(V)>(LoadVec<V>(at));
+      StoreVec(at, V{});
+      Acc& out = de[j * pr.dp + dcut + c];
+      out = kOverwrite ? sum : out + sum;
+    }
+  }
+}
 
 // Bf16RegisterOperand for float buffers (the bfloat16 GEMMs' operands); nothing for double.
 template <typename Acc>
@@ -465,8 +537,8 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
   const Acc zs = TileScale(pr, Acc(1) / static_cast<Acc>(in.temperature));
   const int64_t d = in.d;
   const int64_t dp = pr.dp;
-  const int64_t dm = DsRows(d);
   std::vector<Acc> tile(kTileRows * kPb), rows, de(kNb * dp), db(kNb);
+  std::vector<Acc> partial(kTileRows * (d - std::min(d, pr.dcut)) * Vec<Acc>::kLanes);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
   for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
@@ -518,11 +590,11 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
             }
           }
         }
-        // dE rows += G·S (S unscaled: the temperature is applied once, below); dSᵀ [dm x kPb]
-        // += Eᵀ·G: d rows (to 8), no zero columns.
-        Gemm<Acc, I, false, false>(false, nr, dp, kPb, t, kPb, pr.sa.data() + pb * kPb * dp, dp,
-                                   de.data() + r0 * dp, dp);
-        Gemm<Acc, I, false, true>(false, dm, kPb, nr, er, dp, t, kPb, ds + pb * dm * kPb, kPb);
+        // dE rows += G·S (S unscaled: the temperature is applied once, below); dSᵀ [d x kPb]
+        // += Eᵀ·G: d rows, no zero columns.
+        ItemGradientRows<Acc, I, false>(pr, d, nr, pb, t, de.data() + r0 * dp, partial.data());
+        TailToRows<Acc, false>(pr, d, nr, de.data() + r0 * dp, partial.data());
+        GemmAcc<Acc, I, false, true>(d, kPb, nr, er, dp, t, kPb, ds + pb * d * kPb, kPb);
       }
     }
     FinishItemBlock(in, pr, onehot, uniform_de, uniform_db, by_target, j0, nb, de.data(), db.data(),
@@ -813,12 +885,13 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
   constexpr int64_t NV = kPb / W;
   constexpr bool kBf16 = std::is_same_v<T, Eigen::bfloat16>;
-  const int64_t N = in.N, d = in.d, dp = pr.dp, dm = kBf16 ? dp : DsRows(d);
+  const int64_t N = in.N, d = in.d, dp = pr.dp, dm = kBf16 ? dp : d;
   const int64_t dph = dp / 2, half = kPb / 2, nh_max = kTileRows / 2, ldg = q * half;
   const Acc zs = TileScale(pr, Acc(1) / static_cast<Acc>(in.temperature));
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   std::vector<Acc> mt(q * tiles * kPb), scratch(kBf16 ? 0 : kTileRows * kPb);
+  std::vector<Acc> partial(kBf16 ? 0 : kTileRows * (d - std::min(d, pr.dcut)) * Vec<Acc>::kLanes);
   std::vector<Acc> mv(q * kPb), sv(q * kPb);
   std::vector<uint32_t> gp(kBf16 ? kTileRows * ldg : 0), gv(kBf16 ? nh_max * kPb : 0);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
@@ -952,14 +1025,14 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
             }
           }
           if (g == 0 && b == 0) {
-            Gemm<Acc, I, true, false>(false, nr, dp, kPb, scratch.data(), kPb,
-                                      pr.sa.data() + pb * kPb * dp, dp, de + j0 * dp, dp);
+            ItemGradientRows<Acc, I, true>(pr, d, nr, pb, scratch.data(), de + j0 * dp,
+                                           partial.data());
           } else {
-            Gemm<Acc, I, false, false>(false, nr, dp, kPb, scratch.data(), kPb,
-                                       pr.sa.data() + pb * kPb * dp, dp, de + j0 * dp, dp);
+            ItemGradientRows<Acc, I, false>(pr, d, nr, pb, scratch.data(), de + j0 * dp,
+                                            partial.data());
           }
-          Gemm<Acc, I, false, true>(false, dm, kPb, nr, er, dp, scratch.data(), kPb,
-                                    sh.ds + pb * dm * kPb, kPb);
+          GemmAcc<Acc, I, false, true>(dm, kPb, nr, er, dp, scratch.data(), kPb,
+                                       sh.ds + pb * dm * kPb, kPb);
         }
       }
       if constexpr (kBf16) {
@@ -971,6 +1044,10 @@ RECOPS_INLINE void PanelLane(const FlceInputs<T>& in, const Prepared<Acc>& pr,
           GemmBf16Packed<false>(nr, dp, nq * half, gp.data(), ldg, sh.sap + pb0 * half * dp, dp,
                                 de + j0 * dp, dp);
         }
+      } else if (g == 0) {  // dE's last columns: the group's sums
+        TailToRows<Acc, true>(pr, d, nr, de + j0 * dp, partial.data());
+      } else {
+        TailToRows<Acc, false>(pr, d, nr, de + j0 * dp, partial.data());
       }
     }
     // The extra logits' gradients: the stored exp(z - m) of their tile, scaled as G.
@@ -1096,10 +1173,10 @@ void FlceBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& in, con
   const int64_t blocks = (N + kNb - 1) / kNb;
   const int64_t lanes =
       pr.Pa == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(NumThreads(ctx), blocks));
-  // The lanes' dS, transposed blocks [blocks x dm x kPb]: d rows rounded to 8 on the float
+  // The lanes' dS, transposed blocks [blocks x dm x kPb]: d rows on the float
   // GEMM, dp on the bfloat16 one (its tiles' 16).
   const bool bf16 = UseBf16Gemm<T>();
-  const int64_t dm = bf16 ? pr.dp : DsRows(d);
+  const int64_t dm = bf16 ? pr.dp : d;
   const int64_t ds_size = pr.blocks * dm * kPb;
   std::vector<Acc> ds(pr.Pa == 0 ? 0 : lanes * ds_size, Acc(0));
   if (pr.Pa == 0) {
@@ -1274,8 +1351,8 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
       sh.sap = sap.data();
     }
   }
-  // dSᵀ's rows: d rounded to 8 on the float GEMM, dp on the bfloat16 one (its tiles' 16).
-  const int64_t dm = bf16 ? dp : DsRows(d);
+  // dSᵀ's rows: d on the float GEMM, dp on the bfloat16 one (its tiles' 16).
+  const int64_t dm = bf16 ? dp : d;
   std::vector<Acc> ds(pr.blocks * dm * kPb, Acc(0)), dextra(pr.ex_item.size(), Acc(0));
   sh.lse = lse_a.data();
   sh.ds = ds.data();
@@ -1290,8 +1367,6 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
                                 de + l * N * dp, db.empty() ? nullptr : db.data() + l * N)));
     }
   });
-  // dE and dbias: the lanes' sums (lane order), then each block's one-hot, smoothing and
-  // temperature terms.
   const int64_t blocks = (N + kNb - 1) / kNb;
   ParallelFor(ctx, blocks, kNb * dp * (lanes + 4), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -1299,7 +1374,9 @@ void FlceForwardBackward(tensorflow::OpKernelContext* ctx, const FlceInputs<T>& 
       Acc* out = de + j0 * dp;
       for (int64_t l = 1; l < lanes; ++l) {
         const Acc* part = de + l * N * dp + j0 * dp;
-        for (int64_t x = 0; x < nb * dp; ++x) out[x] += part[x];
+        for (int64_t j = 0; j < nb; ++j) {  // columns past d: unwritten where pr.dcut < d
+          for (int64_t k = 0; k < d; ++k) out[j * dp + k] += part[j * dp + k];
+        }
       }
       Acc* dbo = db.empty() ? nullptr : db.data() + j0;
       for (int64_t l = 1; l < lanes && dbo != nullptr; ++l) {

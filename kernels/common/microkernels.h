@@ -130,8 +130,8 @@ RECOPS_INLINE void GemmVecColumn(int64_t M, int64_t k0, int64_t kc, const Acc* a
 }
 
 // Columns [0, NV * W) of C (+)= A times B (B and C pointing at the block's first column): R
-// rows x NV vectors of C in registers at a time, then the last M mod R rows one at a time.
-// Each element is one FMA chain over k ascending, as on every other path.
+// rows x NV vectors of C in registers at a time (M a multiple of R: GemmAccBody gives the rest
+// to GemmFewRows). Each element is one FMA chain over k ascending, as on every other path.
 template <typename Acc, Isa I, bool kOverwrite, bool kTransA, int NV>
 RECOPS_INLINE void GemmColumnBlock(int64_t M, int64_t K, const Acc* a, int64_t lda, const Acc* B,
                                    int64_t ldb, Acc* C, int64_t ldc) {
@@ -160,14 +160,47 @@ RECOPS_INLINE void GemmColumnBlock(int64_t M, int64_t K, const Acc* a, int64_t l
       for (int v = 0; v < NV; ++v) StoreVec(C + (i + r) * ldc + v * W, c[r][v]);
     }
   }
-  for (; i < M; ++i) {
-    V c[NV];
-    for (int v = 0; v < NV; ++v) c[v] = load_c(i * ldc + v * W);
-    for (int64_t k = 0; k < K; ++k) {
-      for (int v = 0; v < NV; ++v) c[v] += A(i, k) * LoadVec<V>(B + k * ldb + v * W);
-    }
-    for (int v = 0; v < NV; ++v) StoreVec(C + i * ldc + v * W, c[v]);
+}
+
+// Rows [i0, i0 + RR) x NV vectors of columns of C (+)= A times B (B and C pointing at the
+// columns' first): RR x NV accumulators, each element one FMA chain over k ascending.
+template <typename Acc, Isa I, bool kOverwrite, bool kTransA, int RR, int NV>
+RECOPS_INLINE void GemmRowBlock(int64_t i0, int64_t K, const Acc* a, int64_t lda, const Acc* B,
+                                int64_t ldb, Acc* C, int64_t ldc) {
+  using V = typename IsaVec<Acc, I>::type;
+  constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  V c[RR][NV];
+  for (int r = 0; r < RR; ++r) {
+    for (int v = 0; v < NV; ++v)
+      c[r][v] = kOverwrite ? V{} : LoadVec<V>(C + (i0 + r) * ldc + v * W);
   }
+  for (int64_t k = 0; k < K; ++k) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = LoadVec<V>(B + k * ldb + v * W);
+    for (int r = 0; r < RR; ++r) {
+      const Acc x = kTransA ? a[k * lda + i0 + r] : a[(i0 + r) * lda + k];
+      for (int v = 0; v < NV; ++v) c[r][v] += x * b[v];
+    }
+  }
+  for (int r = 0; r < RR; ++r) {
+    for (int v = 0; v < NV; ++v) StoreVec(C + (i0 + r) * ldc + v * W, c[r][v]);
+  }
+}
+
+// Rows [i0, M) (fewer than kGemmRows) x NV vectors of columns: 4, then 2, then 1 rows at a
+// time, each across all NV vectors (2 rows x 4 vectors keep 8 FMA chains going where a lone row
+// of a 2-vector block keeps 2).
+template <typename Acc, Isa I, bool kOverwrite, bool kTransA, int NV>
+RECOPS_INLINE void GemmFewRows(int64_t i0, int64_t M, int64_t K, const Acc* a, int64_t lda,
+                               const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
+  int64_t i = i0;
+  for (; i + 4 <= M; i += 4)
+    GemmRowBlock<Acc, I, kOverwrite, kTransA, 4, NV>(i, K, a, lda, B, ldb, C, ldc);
+  if (i + 2 <= M) {
+    GemmRowBlock<Acc, I, kOverwrite, kTransA, 2, NV>(i, K, a, lda, B, ldb, C, ldc);
+    i += 2;
+  }
+  if (i < M) GemmRowBlock<Acc, I, kOverwrite, kTransA, 1, NV>(i, K, a, lda, B, ldb, C, ldc);
 }
 
 // C[M x N] (+)= A[M x K] * B[K x N] in vectors of instruction set I; row-major with leading
@@ -181,14 +214,18 @@ RECOPS_INLINE void GemmColumnBlock(int64_t M, int64_t K, const Acc* a, int64_t l
 // gave 59-69 GFLOP/s plain and 64-73 with A transposed, against 52-65 and 37-55 for R x 2. A last
 // single vector of columns runs in blocks of rows (GemmVecColumn), and the last N mod W columns
 // likewise through a zero-padded copy of B's last columns (with D = 50 heads a scalar column was a
-// chain of K dependent FMAs per element, 2/3 of a tile GEMM's time). M that is not a multiple of R
-// falls to slower paths: pad instead. Every element of C is the same sum in the same order (k
-// ascending) on every path and at every vector width. This is the body; kernels call GemmAcc
-// (below), its one compiled copy per variant.
+// chain of K dependent FMAs per element, 2/3 of a tile GEMM's time). The last M mod R rows of
+// the blocks' columns go 4 or 2 rows x 4 vectors at a time (GemmFewRows): a 50-row dSᵀ (d 50)
+// costs 50 rows' work, where padding to 56 cost 56 and single rows of 2 vectors about 64.
+// Every element of C is the same sum in the same order (k ascending) on every path and at
+// every vector width. This is the body; kernels call GemmAcc (below), its one compiled copy
+// per variant.
 template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
 RECOPS_INLINE void GemmAccBody(int64_t M, int64_t N, int64_t K, const Acc* a, int64_t lda,
                                const Acc* B, int64_t ldb, Acc* C, int64_t ldc) {
   constexpr int64_t W = IsaVec<Acc, I>::kLanes;
+  // The blocks take the rows in whole register blocks; the rest, GemmFewRows below.
+  const int64_t Mb = M - M % kGemmRows<I>;
   int64_t n0 = 0;
   // AVX2: blocks of R rows x 3 vectors first (12 accumulators, the 3 B vectors and the
   // broadcast fill the 16 registers), then of 2 vectors. 8 accumulators are just the FMA
@@ -196,10 +233,31 @@ RECOPS_INLINE void GemmAccBody(int64_t M, int64_t N, int64_t K, const Acc* a, in
   // block is skipped where it would leave one lone vector of columns (N = 32: 2 + 2, not 3 + 1).
   if constexpr (I == Isa::kAvx2) {
     for (; n0 + 3 * W <= N && (N - n0 - 3 * W < W || N - n0 - 3 * W >= 2 * W); n0 += 3 * W)
-      GemmColumnBlock<Acc, I, kOverwrite, kTransA, 3>(M, K, a, lda, B + n0, ldb, C + n0, ldc);
+      GemmColumnBlock<Acc, I, kOverwrite, kTransA, 3>(Mb, K, a, lda, B + n0, ldb, C + n0, ldc);
+  }
+  // AVX-512: an odd number of whole vectors (>= 3) starts with one block of 3 (24 accumulators)
+  // rather than ending on a lone vector, whose 8 rows load 9 values for 8 FMAs (N = 48: dE at
+  // d 50).
+  if constexpr (I == Isa::kAvx512) {
+    if (N / W >= 3 && N / W % 2 == 1) {
+      GemmColumnBlock<Acc, I, kOverwrite, kTransA, 3>(Mb, K, a, lda, B, ldb, C, ldc);
+      n0 = 3 * W;
+    }
   }
   for (; n0 + 2 * W <= N; n0 += 2 * W)
-    GemmColumnBlock<Acc, I, kOverwrite, kTransA, 2>(M, K, a, lda, B + n0, ldb, C + n0, ldc);
+    GemmColumnBlock<Acc, I, kOverwrite, kTransA, 2>(Mb, K, a, lda, B + n0, ldb, C + n0, ldc);
+  if (Mb < M) {
+    // The blocks' columns [0, n0) of the last rows: 4 vectors at a time on AVX-512 (at most 4
+    // x 4 accumulators), then 2, then 1 (n0 may be odd in vectors after a block of 3).
+    constexpr int kWide = I == Isa::kAvx512 ? 4 : 2;
+    int64_t n = 0;
+    for (; n + kWide * W <= n0; n += kWide * W)
+      GemmFewRows<Acc, I, kOverwrite, kTransA, kWide>(Mb, M, K, a, lda, B + n, ldb, C + n, ldc);
+    for (; n + 2 * W <= n0; n += 2 * W)
+      GemmFewRows<Acc, I, kOverwrite, kTransA, 2>(Mb, M, K, a, lda, B + n, ldb, C + n, ldc);
+    for (; n < n0; n += W)
+      GemmFewRows<Acc, I, kOverwrite, kTransA, 1>(Mb, M, K, a, lda, B + n, ldb, C + n, ldc);
+  }
   if (n0 + W <= N) {
     GemmVecColumn<Acc, I, kTransA>(M, 0, K, a, lda, B + n0, ldb, C + n0, ldc, W, kOverwrite);
     n0 += W;

@@ -81,14 +81,15 @@ void CheckFewRows(std::mt19937_64& rng) {
 // GemmAccBody<Acc, I, kOverwrite, kTransA> against C[i][j] (+)= sum over k ascending of
 // A(i, k) * B[k][j], one scalar multiply and add at a time: the same rounding (this file is
 // compiled without FMA contraction), so equal bit for bit, on shapes reaching every block
-// (R x 3 vectors on AVX2 where no lone vector is left, R x 2, one vector, the zero-padded last
-// columns; the row tails).
+// (R x 3 vectors on AVX2 where no lone vector is left, and on AVX-512 for an odd count of 3 or
+// more, R x 2, one vector, the zero-padded last columns; the last M mod R rows 4, 2 and 1 at a
+// time across 4, 2 and 1 vectors: 50 rows are dSᵀ's at d 50).
 template <typename Acc, Isa I, bool kOverwrite, bool kTransA>
 void CheckGemm(std::mt19937_64& rng) {
   constexpr int W = recops::IsaVec<Acc, I>::kLanes;
   std::uniform_real_distribution<double> u(-1, 1);
-  for (int64_t m : {1, 3, 4, 5, 8, 13, 64}) {
-    for (int64_t n : {1, 7, 8, 9, 16, 23, 24, 25, 32, 40, 48, 50, 56, 64, 70}) {
+  for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 13, 50, 64}) {
+    for (int64_t n : {1, 7, 8, 9, 16, 23, 24, 25, 32, 40, 48, 50, 56, 64, 70, 80, 112}) {
       for (int64_t k : {1, 17, 64}) {
         const int64_t lda = (kTransA ? m : k) + 3, ldb = n + 2, ldc = n + 1;
         std::vector<Acc> a((kTransA ? k : m) * lda), b(k * ldb), c(m * ldc);

@@ -304,9 +304,11 @@ def test_item_gradient_in_the_items_own_buffer(dtype, normalize):
 
 
 # gradients_in_forward: the forward makes the gradients for a unit upstream in one pass over
-# the logits (panels of up to 4 position blocks per thread), the backward scales them.
+# the logits (panels of up to 4 position blocks per thread), the backward scales them. d 20, 33
+# and 50 take dE's last 4, 1 and 2 columns by dot products (the float GEMM's), 21 by its GEMM.
 @pytest.mark.parametrize("panels", ["panels", "budget 0: forward then backward"])
-@pytest.mark.parametrize("shape", [(70, 300, 16), (5, 3, 4), (2200, 301, 20), (130, 513, 33)])
+@pytest.mark.parametrize("shape", [(70, 300, 16), (5, 3, 4), (2200, 301, 20), (130, 513, 33),
+                                   (200, 400, 50), (90, 200, 21)])
 @pytest.mark.parametrize("option", ["plain", "all", "normalize"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gradients_in_forward_match_reference(dtype, option, shape, panels, monkeypatch):
