@@ -538,7 +538,8 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
   const int64_t d = in.d;
   const int64_t dp = pr.dp;
   std::vector<Acc> tile(kTileRows * kPb), rows, de(kNb * dp), db(kNb);
-  std::vector<Acc> partial(kTileRows * (d - std::min(d, pr.dcut)) * Vec<Acc>::kLanes);
+  const int64_t tail = d - std::min(d, pr.dcut);  // dE's columns by ItemGradientRows' dots
+  std::vector<Acc> partial(kNb * tail * Vec<Acc>::kLanes);
   std::vector<int64_t> cursor(pr.ex_start.begin(), pr.ex_start.end() - 1), first(kPb);
   for (int64_t blk = lane; blk * kNb < in.N; blk += lanes) {
     const int64_t j0 = blk * kNb, nb = std::min(kNb, in.N - j0);
@@ -592,11 +593,12 @@ RECOPS_INLINE void BackwardLane(const FlceInputs<T>& in, const Prepared<Acc>& pr
         }
         // dE rows += G·S (S unscaled: the temperature is applied once, below); dSᵀ [d x kPb]
         // += Eᵀ·G: d rows, no zero columns.
-        ItemGradientRows<Acc, I, false>(pr, d, nr, pb, t, de.data() + r0 * dp, partial.data());
-        TailToRows<Acc, false>(pr, d, nr, de.data() + r0 * dp, partial.data());
+        ItemGradientRows<Acc, I, false>(pr, d, nr, pb, t, de.data() + r0 * dp,
+                                        partial.data() + r0 * tail * Vec<Acc>::kLanes);
         GemmAcc<Acc, I, false, true>(d, kPb, nr, er, dp, t, kPb, ds + pb * d * kPb, kPb);
       }
     }
+    TailToRows<Acc, false>(pr, d, nb, de.data(), partial.data());  // once per block of items
     FinishItemBlock(in, pr, onehot, uniform_de, uniform_db, by_target, j0, nb, de.data(), db.data(),
                     ditems, dbias);
   }
