@@ -246,17 +246,8 @@ RECOPS_INLINE V ExpOf(V x) {
                                                   4);
       }
       x = x < -104.0f ? V{} - 104.0f : x;
-      const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-      const V n = (x * 1.44269504088896341f + magic) - magic;
-      V r = x - n * 0.693359375f;
-      r = r - n * -2.12194440e-4f;
-      V p = V{} + 1.9875691500e-4f;
-      p = p * r + 1.3981999507e-3f;
-      p = p * r + 8.3334519073e-3f;
-      p = p * r + 4.1665795894e-2f;
-      p = p * r + 1.6666665459e-1f;
-      p = p * r + 5.0000001201e-1f;
-      p = p * r * r + r + 1.0f;
+      V n;
+      const V p = ExpMantissa(x, &n);
       return (V)__builtin_ia32_scalefps512_mask((V16)p, (V16)n, (V16)p, (uint16_t)0xffff, 4);
     }
 #endif

@@ -551,23 +551,31 @@ RECOPS_INLINE void TransposeTiles(const T* __restrict src, int64_t rows, int64_t
   }
 }
 
-// exp of a float vector without library calls: Cephes-style range reduction and polynomial,
-// about 1 ulp on [-87, 88]; inputs are clamped to that range.
+// exp(x) = p * 2^n for a float vector x: n = round(x log2 e) (returned in *n, a whole float)
+// and p = exp(x - n ln 2) on Cephes' polynomial. The caller clamps x and applies 2^n.
 template <typename V>
-RECOPS_INLINE V ExpVec(V x) {
-  typedef int32_t Vi __attribute__((vector_size(sizeof(V))));
-  x = x < -87.0f ? V{} - 87.0f : (x > 88.0f ? V{} + 88.0f : x);
+RECOPS_INLINE V ExpMantissa(V x, V* n) {
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const V n = (x * 1.44269504088896341f + magic) - magic;
-  V r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
+  *n = (x * 1.44269504088896341f + magic) - magic;
+  V r = x - *n * 0.693359375f;
+  r = r - *n * -2.12194440e-4f;
   V p = V{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+// exp of a float vector without library calls: Cephes-style range reduction and polynomial,
+// about 1 ulp on [-87, 88]; inputs are clamped to that range.
+template <typename V>
+RECOPS_INLINE V ExpVec(V x) {
+  typedef int32_t Vi __attribute__((vector_size(sizeof(V))));
+  x = x < -87.0f ? V{} - 87.0f : (x > 88.0f ? V{} + 88.0f : x);
+  V n;
+  const V p = ExpMantissa(x, &n);
   const Vi bits = (__builtin_convertvector(n, Vi) + 127) << 23;
   V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
